@@ -1,0 +1,84 @@
+"""Static preallocated KV cache with per-row lengths; rollback is `rewind`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class CacheWindow:
+    """What every layer needs for one forward over S new tokens of some cache rows (built once per forward)."""
+    rows: torch.Tensor | None   # [B] slot indices on device; None = all slots, in order
+    positions: torch.Tensor     # [B, S] absolute positions of the new tokens
+    mask: torch.Tensor          # [B, 1, S, T] True = key visible
+    num_keys: int               # T = max(length) + S over the rows
+
+
+class KVCache:
+    """K and V per layer as [B_max, L_max, H_kv, D]; `lengths` (host ints) says how many entries are valid.
+
+    Entries past a row's length are stale: they are masked out of attention and overwritten by the next
+    write, so rewinding is only lowering the length.
+    """
+
+    def __init__(self, num_layers: int, max_batch: int, max_len: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        shape = (num_layers, max_batch, max_len, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_batch = max_batch
+        self.max_len = max_len
+        self.device = torch.device(device)
+        self.lengths = [0] * max_batch  # host-side: known without a device sync
+
+    def length(self, row: int) -> int:
+        return self.lengths[row]
+
+    def rewind(self, rows: list[int], num_tokens: list[int]) -> None:
+        """Forget the last num_tokens[i] entries of rows[i]."""
+        for row, n in zip(rows, num_tokens):
+            if n < 0 or n > self.lengths[row]:
+                raise ValueError(f"cannot rewind row {row} by {n}: it holds {self.lengths[row]} entries")
+            self.lengths[row] -= n
+
+    def truncate(self, row: int, length: int) -> None:
+        """Keep only the first `length` entries of a row."""
+        self.rewind([row], [self.lengths[row] - length])
+
+    def reset(self, row: int) -> None:
+        self.lengths[row] = 0
+
+    def window(self, rows: list[int] | None, num_new: int) -> CacheWindow:
+        """Positions and mask for appending num_new tokens to each of `rows` (None = every slot)."""
+        row_list = list(range(self.max_batch)) if rows is None else rows
+        lengths = [self.lengths[r] for r in row_list]
+        end = max(lengths) + num_new
+        if end > self.max_len:
+            raise ValueError(f"sequence would reach {end} tokens, past the cache's max_len {self.max_len}; "
+                             f"raise max_model_len or shorten the prompt / max_tokens")
+        lengths_t = torch.tensor(lengths, dtype=torch.long).to(self.device, non_blocking=True)
+        positions = lengths_t[:, None] + torch.arange(num_new, device=self.device)[None, :]   # [B, S]
+        key_pos = torch.arange(end, device=self.device)
+        mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]                       # [B, 1, S, T]
+        rows_t = None if rows is None else torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+        return CacheWindow(rows=rows_t, positions=positions, mask=mask, num_keys=end)
+
+    def advance(self, rows: list[int] | None, num_new: list[int] | int) -> None:
+        """Count the tokens a forward wrote (rows may keep fewer than were written: padding)."""
+        row_list = list(range(self.max_batch)) if rows is None else rows
+        counts = [num_new] * len(row_list) if isinstance(num_new, int) else num_new
+        for r, n in zip(row_list, counts):
+            self.lengths[r] += n
+
+    def write_and_read(self, layer: int, win: CacheWindow, k_new: torch.Tensor, v_new: torch.Tensor):
+        """Store k/v [B, S, H_kv, D] of the new tokens; return keys/values [B, T, H_kv, D] to attend over."""
+        k_layer, v_layer = self.k[layer], self.v[layer]
+        if win.rows is None:
+            batch = torch.arange(self.max_batch, device=self.device)[:, None]
+            k_layer[batch, win.positions] = k_new
+            v_layer[batch, win.positions] = v_new
+            return k_layer[:, :win.num_keys], v_layer[:, :win.num_keys]
+        k_layer[win.rows[:, None], win.positions] = k_new
+        v_layer[win.rows[:, None], win.positions] = v_new
+        return k_layer[win.rows, :win.num_keys], v_layer[win.rows, :win.num_keys]
