@@ -132,11 +132,14 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # A plain attribute, not a buffer: module.to(bfloat16) must not round the frequencies.
+        self._inv_freq = rope_inv_freq(cfg)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
         # Angles in float32 as HF computes them, so both agree in every dtype.
-        freqs = positions.float()[..., None] * self.inv_freq.float()
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        freqs = positions.float()[..., None] * self._inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -1,0 +1,110 @@
+"""User-facing configuration dataclasses, validated on construction with messages that say what to change."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+VOCAB_MODES = ("auto", "identity", "tli", "d2t")
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float64": torch.float64, "fp64": torch.float64, "float16": torch.float16, "fp16": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(sorted(set(DTYPES)))}")
+    return DTYPES[dtype]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None picks cuda when present; asking for a device this machine lacks is an error, not a fallback."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} was asked for but CUDA is not available; use device='cpu'")
+    return dev
+
+
+@dataclass
+class SamplingParams:
+    """Per-request decoding settings (vLLM's names). temperature 0 = greedy."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 128
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 and self.top_k != -1:
+            raise ValueError(f"top_k must be >= 0 (0 or -1 = off), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SpeculativeConfig:
+    """The draft side: which model proposes, how many tokens per step, how vocabularies are matched."""
+    model: str
+    num_speculative_tokens: int = 3
+    vocab_mode: str = "auto"
+    dtype: str | None = None     # None = the target's dtype
+    device: str | None = None    # None = the target's device
+    resync_window: int = 6
+
+    def __post_init__(self):
+        if not self.model:
+            raise ValueError("speculative_config needs 'model': a draft checkpoint directory or builtin name")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {self.num_speculative_tokens!r}; "
+                             f"to decode with the target alone, leave speculative_config out")
+        if self.vocab_mode not in VOCAB_MODES:
+            raise ValueError(f"vocab_mode {self.vocab_mode!r} is unknown; use one of {', '.join(VOCAB_MODES)}")
+        if self.dtype is not None:
+            parse_dtype(self.dtype)
+        if self.resync_window < 1:
+            raise ValueError(f"resync_window must be >= 1, got {self.resync_window}")
+
+    @classmethod
+    def from_any(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict or SpeculativeConfig, got {type(value).__name__}")
+        known = set(cls.__dataclass_fields__)
+        unknown = set(value) - known
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**value)
+
+
+@dataclass
+class EngineConfig:
+    """Capacity of the running batch and the caches."""
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    dtype: str = "bfloat16"
+    device: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        parse_dtype(self.dtype)

@@ -1,0 +1,194 @@
+"""The engine: requests, cache rows (slots), and the speculative step loop."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import SamplingParams
+from .metrics import SpecStats
+from .model.runner import ModelRunner
+from .spec.proposer import Proposal, Proposer, SamplingBatch
+from .spec.sampling import RowRandom, draw_noise, logits_to_probs
+from .spec.verify import VerifyOutput, verify_greedy, verify_sampling
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Request:
+    request_id: int
+    prompt: str
+    prompt_target_ids: list[int]
+    params: SamplingParams
+    random: RowRandom
+    stats: SpecStats
+    output_target_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    row: int | None = None
+    started: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Engine:
+    """Continuous batching over a fixed set of cache rows: requests join and leave between steps."""
+
+    def __init__(self, target: ModelRunner, tokenizer: Tokenizer, proposer: Proposer, max_model_len: int):
+        self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
+        self.k = proposer.num_speculative_tokens
+        self.max_model_len = max_model_len
+        self.free_rows = list(range(target.cache.max_batch))[::-1]
+        self.waiting: list[Request] = []
+        self.running: dict[int, Request] = {}            # row -> request
+        self.last_target_id: dict[int, int] = {}         # row -> the one token not yet in the target cache
+        self.stats = SpecStats(self.k)
+        self.eos_ids = set(tokenizer.eos_token_ids)
+        self._next_id = 0
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def add_request(self, prompt: str, params: SamplingParams) -> Request:
+        prompt_target_ids = self.tokenizer.encode(prompt)
+        if not prompt or not prompt_target_ids:
+            raise ValueError("prompt is empty; give at least one token of text")
+        if len(prompt_target_ids) + self.k + 1 > self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_target_ids)} tokens, too long for max_model_len "
+                             f"{self.max_model_len} with k={self.k}; raise max_model_len or shorten the prompt")
+        request = Request(self._next_id, prompt, prompt_target_ids, params, RowRandom(params.seed), SpecStats(self.k))
+        self._next_id += 1
+        self.waiting.append(request)
+        return request
+
+    def abort(self, request: Request) -> None:
+        """Drop a request (e.g. its client disconnected) and free its row."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+        request.finish_reason = request.finish_reason or "abort"
+        if request.row is not None and self.running.get(request.row) is request:
+            self._release(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _admit(self) -> None:
+        while self.waiting and self.free_rows:
+            request, row = self.waiting.pop(0), self.free_rows.pop()
+            request.row, request.started = row, time.perf_counter()
+            self.target.cache.reset(row)
+            self.target.prefill(row, request.prompt_target_ids[:-1])
+            self.last_target_id[row] = request.prompt_target_ids[-1]
+            self.proposer.add_request(row, request.prompt, request.prompt_target_ids)
+            self.running[row] = request
+
+    def _release(self, request: Request) -> None:
+        row = request.row
+        del self.running[row]
+        self.last_target_id.pop(row, None)
+        self.target.cache.reset(row)
+        self.proposer.remove_request(row)
+        self.free_rows.append(row)
+        request.stats.wall_seconds = time.perf_counter() - request.started
+
+    # -- the step ----------------------------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """One speculative step over every running row; returns the requests that finished in it."""
+        self._admit()
+        rows = sorted(self.running)
+        if not rows:
+            return []
+        t0 = time.perf_counter()
+        sampling = self._sampling_batch(rows)
+        proposal = self.proposer.propose(rows, sampling)                                   # [B, k] target ids
+        t1 = time.perf_counter()
+        target_logits = self._target_forward(rows, proposal)                               # [B, k+1, V_target]
+        t2 = time.perf_counter()
+        verdict = self._verify(target_logits, proposal, sampling)
+        num_accepted, new_target_ids = self._fetch_to_host(verdict)                        # the one sync
+        self.target.cache.rewind(rows, [self.k - n for n in num_accepted])
+        self.proposer.observe(rows, num_accepted, new_target_ids)
+        finished = self._record(rows, num_accepted, new_target_ids)
+        t3 = time.perf_counter()
+        self.stats.draft_seconds += t1 - t0
+        self.stats.target_seconds += t2 - t1
+        self.stats.other_seconds += t3 - t2
+        return finished
+
+    def _target_forward(self, rows: list[int], proposal: Proposal) -> torch.Tensor:
+        last = torch.tensor([[self.last_target_id[r]] for r in rows], dtype=torch.long, device=self.target.device)
+        target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
+        return self.target.logits(self.target.forward(rows, target_input))
+
+    def _verify(self, target_logits, proposal: Proposal, sampling: SamplingBatch | None) -> VerifyOutput:
+        if sampling is None:
+            return verify_greedy(target_logits, proposal.draft_target_ids)
+        target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        uniforms, exponentials = draw_noise(sampling.randoms, self.k, target_probs.shape[-1], target_probs.device)
+        return verify_sampling(target_probs, proposal.draft_probs.to(target_probs), proposal.draft_target_ids,
+                               uniforms.to(target_probs), exponentials.to(target_probs))
+
+    @staticmethod
+    def _fetch_to_host(verdict: VerifyOutput) -> tuple[list[int], list[list[int]]]:
+        """The step's single host-device sync: accepted counts and emitted target ids, in one transfer."""
+        packed = torch.cat([verdict.num_accepted[:, None], verdict.output_ids], dim=1).tolist()
+        num_accepted = [row[0] for row in packed]
+        new_target_ids = [row[1:2 + n] for row, n in zip(packed, num_accepted)]
+        return num_accepted, new_target_ids
+
+    def _sampling_batch(self, rows: list[int]) -> SamplingBatch | None:
+        params = [self.running[r].params for r in rows]
+        if all(p.greedy for p in params):
+            return None
+        dev = self.target.device
+        return SamplingBatch(
+            temperature=torch.tensor([p.temperature for p in params], device=dev),
+            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.long, device=dev),
+            top_p=torch.tensor([p.top_p for p in params], device=dev),
+            randoms=[self.running[r].random for r in rows])
+
+    # -- bookkeeping -------------------------------------------------------------------------------------------
+    def _record(self, rows, num_accepted, new_target_ids) -> list[Request]:
+        finished = []
+        for row, accepted, target_ids in zip(rows, num_accepted, new_target_ids):
+            request = self.running[row]
+            request.stats.observe_step(accepted)
+            self.stats.observe_step(accepted)
+            self.last_target_id[row] = target_ids[-1]
+            for target_id in target_ids:
+                self._append(request, target_id)
+                if request.finished:
+                    break
+            if not request.finished and self.target.cache.length(row) + self.k + 2 > self.max_model_len:
+                request.finish_reason = "length"
+            if request.finished:
+                self._release(request)
+                finished.append(request)
+        return finished
+
+    def _append(self, request: Request, target_id: int) -> None:
+        request.output_target_ids.append(target_id)
+        request.stats.num_emitted += 1
+        self.stats.num_emitted += 1
+        params = request.params
+        if target_id in self.eos_ids and not params.ignore_eos:
+            request.finish_reason = "stop"
+        elif len(request.output_target_ids) >= params.max_tokens:
+            request.finish_reason = "length"
+        if params.stop or request.finished:
+            request.text = self.tokenizer.decode(request.output_target_ids)
+            for stop in params.stop:
+                cut = request.text.find(stop)
+                if cut >= 0:
+                    request.text = request.text[:cut]
+                    request.finish_reason = "stop"
+
+    def run(self, progress=None) -> None:
+        """Step until every request has finished."""
+        start = time.perf_counter()
+        while self.has_unfinished():
+            done = self.step()
+            if progress is not None and done:
+                progress(len(done))
+        self.stats.wall_seconds += time.perf_counter() - start

@@ -1,0 +1,73 @@
+"""The public Python API, shaped like vLLM's: LLM(model, speculative_config) and generate(prompts, params)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import EngineConfig, SamplingParams, SpeculativeConfig, parse_dtype, resolve_device
+from .engine import Engine
+from .metrics import SpecStats
+from .model.loader import DEFAULT_TARGET, resolve_model_path
+from .model.runner import ModelRunner
+from .spec.factory import build_proposer
+from .spec.proposer import NoDraftProposer
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class RequestOutput:
+    prompt: str
+    text: str
+    token_ids: list[int]          # target ids of the completion
+    finish_reason: str
+    metrics: dict
+
+
+class LLM:
+    """A target model, optionally with a draft of any vocabulary.
+
+    >>> llm = LLM(model="qwen3-target", speculative_config={"model": "smollm2-draft", "num_speculative_tokens": 3})
+    >>> out = llm.generate(["Question: ...\\nAnswer:"], SamplingParams(temperature=0, max_tokens=64))
+    """
+
+    def __init__(self, model: str = DEFAULT_TARGET, speculative_config: dict | SpeculativeConfig | None = None,
+                 dtype: str = "bfloat16", device: str | None = None, max_model_len: int = 2048,
+                 max_num_seqs: int = 8, tokenizer: str | None = None):
+        self.engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype,
+                                          device=device)
+        self.speculative_config = SpeculativeConfig.from_any(speculative_config)
+        torch_dtype, torch_device = parse_dtype(dtype), resolve_device(device)
+        target_path = resolve_model_path(model)
+        self.tokenizer = Tokenizer.from_dir(tokenizer or target_path)
+        self.target = ModelRunner.load(target_path, torch_dtype, torch_device, max_num_seqs, max_model_len,
+                                       num_token_rows=self.tokenizer.vocab_size)
+        if self.speculative_config is None:
+            self.proposer, self.draft_info = NoDraftProposer(torch_device, self.target.vocab_rows), {"vocab_mode": None}
+        else:
+            self.proposer, self.draft_info = build_proposer(self.speculative_config, self.target, self.tokenizer,
+                                                            max_num_seqs, max_model_len)
+        self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len)
+
+    def generate(self, prompts: str | list[str], sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 progress=None) -> list[RequestOutput]:
+        """All prompts join the running batch (up to max_num_seqs at once); outputs come back in prompt order."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        requests = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        self.engine.run(progress)
+        outputs = []
+        for request in requests:
+            text = request.text if request.params.stop else self.tokenizer.decode(request.output_target_ids)
+            metrics = request.stats.to_dict()
+            metrics.update({"vocab_mode": self.draft_info.get("vocab_mode")})
+            outputs.append(RequestOutput(request.prompt, text, request.output_target_ids, request.finish_reason, metrics))
+        return outputs
+
+    @property
+    def stats(self) -> SpecStats:
+        """Aggregate statistics over everything this LLM generated (time split, AL, acceptance by position)."""
+        return self.engine.stats

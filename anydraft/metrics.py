@@ -1,0 +1,85 @@
+"""Speculation statistics: the one definition of acceptance length (AL) and per-position acceptance.
+
+AL = tokens appended per target verification forward = accepted draft tokens + the one recovered or
+bonus token, averaged over target forwards; so 1 <= AL <= k+1 (target alone: AL = 1). Tokens cut off
+by a stop condition inside a step still count as appended by that step.
+Per-position acceptance rate i = P(draft token i accepted) = steps accepting >= i+1 tokens / steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecStats:
+    num_speculative_tokens: int = 0
+    target_forwards: int = 0          # verification steps (one target forward each)
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_emitted: int = 0              # tokens returned to the user (after stop truncation)
+    accepted_at_position: list[int] = field(default_factory=list)   # [k] count of steps accepting position i
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    other_seconds: float = 0.0        # bridge / re-sync / verification / bookkeeping
+    wall_seconds: float = 0.0
+
+    def __post_init__(self):
+        if not self.accepted_at_position:
+            self.accepted_at_position = [0] * self.num_speculative_tokens
+
+    def observe_step(self, num_accepted: int) -> None:
+        """One target forward verified k drafted tokens and accepted num_accepted of them."""
+        k = self.num_speculative_tokens
+        self.target_forwards += 1
+        self.num_drafted += k
+        self.num_accepted += num_accepted
+        for i in range(num_accepted):
+            self.accepted_at_position[i] += 1
+
+    def merge(self, other: "SpecStats") -> None:
+        if other.num_speculative_tokens != self.num_speculative_tokens:
+            raise ValueError("cannot merge stats of different k")
+        self.target_forwards += other.target_forwards
+        self.num_drafted += other.num_drafted
+        self.num_accepted += other.num_accepted
+        self.num_emitted += other.num_emitted
+        self.accepted_at_position = [a + b for a, b in zip(self.accepted_at_position, other.accepted_at_position)]
+        for name in ("draft_seconds", "target_seconds", "other_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def acceptance_length(self) -> float:
+        return (self.num_accepted + self.target_forwards) / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / self.target_forwards if self.target_forwards else 0.0 for a in self.accepted_at_position]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_emitted / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "acceptance_length": round(self.acceptance_length, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "acceptance_by_position": [round(x, 4) for x in self.acceptance_by_position],
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "target_forwards": self.target_forwards,
+            "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted,
+            "num_emitted_tokens": self.num_emitted,
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "wall_seconds": round(self.wall_seconds, 4),
+            "time_split_seconds": {"draft": round(self.draft_seconds, 4), "target": round(self.target_seconds, 4),
+                                   "other": round(self.other_seconds, 4)},
+        }
+
+    def summary_line(self) -> str:
+        positions = " ".join(f"{x:.2f}" for x in self.acceptance_by_position)
+        return (f"AL {self.acceptance_length:.2f} | acceptance by position [{positions}] | "
+                f"{self.tokens_per_second:.1f} tok/s | {self.num_emitted} tokens in {self.wall_seconds:.2f}s")

@@ -1,0 +1,94 @@
+"""Finding and loading checkpoints: builtin names, HF directories, sharded safetensors, d2t tables."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import ModelConfig, UnsupportedModelError
+from .llama import CausalLM, rope_inv_freq
+
+BUILTIN_MODELS = ("qwen3-target", "qwen3-draft", "smollm2-target", "smollm2-draft")
+DEFAULT_TARGET, DEFAULT_DRAFT = "qwen3-target", "smollm2-draft"
+D2T_KEYS = ("d2t", "t2d")
+
+
+def builtin_models_dir() -> Path:
+    """The repo's models/ folder (editable install or a checkout): the package sits beside it."""
+    return Path(__file__).resolve().parent.parent.parent / "models"
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """A checkpoint directory, or one of the builtin names."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if str(name_or_path) in BUILTIN_MODELS:
+        builtin = builtin_models_dir() / str(name_or_path)
+        if builtin.is_dir():
+            return builtin
+        raise FileNotFoundError(f"builtin model {name_or_path!r} not found at {builtin}; "
+                                f"install anydraft from a repo checkout (pip install -e .)")
+    raise FileNotFoundError(f"{name_or_path}: not a checkpoint directory nor a builtin model "
+                            f"({', '.join(BUILTIN_MODELS)})")
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise UnsupportedModelError(f"{index}: not a valid safetensors index ({e})") from None
+        return [path / name for name in sorted(set(weight_map.values()))]
+    files = sorted(path.glob("*.safetensors"))
+    files = [f for f in files if f.name != "d2t.safetensors"]
+    if not files:
+        raise UnsupportedModelError(f"{path}: no *.safetensors weights (only safetensors checkpoints are supported)")
+    return files
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    state = {}
+    for file in _weight_files(path):
+        if not file.exists():
+            raise UnsupportedModelError(f"{file}: listed in the index but missing")
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                state[key] = f.get_tensor(key)
+    d2t_file = path / "d2t.safetensors"
+    if d2t_file.exists():
+        with safe_open(str(d2t_file), framework="pt") as f:
+            for key in f.keys():
+                state[key] = f.get_tensor(key)
+    return state
+
+
+def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, dict]:
+    """Build the module and load weights. Returns (model, extras) where extras holds d2t/t2d if present."""
+    path = resolve_model_path(name_or_path)
+    cfg = ModelConfig.from_file(path / "config.json")
+    state = read_state_dict(path)
+    extras = {k: state.pop(k) for k in D2T_KEYS if k in state}
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    head_rows = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else cfg.vocab_size
+    if head_rows != cfg.vocab_size:
+        # Reduced-vocab draft head (speculators convention): N output rows, mapped to target ids by d2t.
+        model.lm_head = torch.nn.Linear(cfg.hidden_size, head_rows, bias=False, device="meta")
+    model = model.to_empty(device=device)
+    model._inv_freq = rope_inv_freq(cfg).to(device)  # built under the meta device above; recompute for real
+    if cfg.tie_word_embeddings and "lm_head.weight" not in state:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise UnsupportedModelError(f"{path}: weights do not match {cfg.architecture} "
+                                    f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+    model = model.to(dtype=dtype).eval().requires_grad_(False)
+    model.path = path
+    return model, extras
+

@@ -1,0 +1,93 @@
+"""ModelRunner: one model with its KV cache and output-head layout, on one device and dtype."""
+from __future__ import annotations
+
+import torch
+
+from .kv_cache import KVCache
+from .llama import CausalLM
+from .loader import load_model
+
+
+class ModelRunner:
+    """Runs new tokens of some cache rows through the model; knows which output rows are real tokens.
+
+    Output rows past `num_token_rows` are vocabulary padding (Qwen: 151936 rows, 151669 tokens): their
+    logits are set to -inf in every path, so speculative and target-alone decoding agree.
+    """
+
+    def __init__(self, model: CausalLM, max_batch: int, max_len: int, num_token_rows: int | None = None,
+                 extras: dict | None = None):
+        self.model = model
+        self.cfg = model.cfg
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.cache = KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,
+                             self.cfg.head_dim, self.dtype, self.device)
+        self.extras = extras or {}
+        head_rows = model.lm_head.out_features
+        self.num_token_rows = head_rows if num_token_rows is None else min(num_token_rows, head_rows)
+        self.head_to_model_rows: torch.Tensor | None = None  # set by prune_head: [N] original row per head row
+
+    @classmethod
+    def load(cls, name_or_path, dtype: torch.dtype, device: torch.device, max_batch: int, max_len: int,
+             num_token_rows: int | None = None) -> "ModelRunner":
+        model, extras = load_model(name_or_path, dtype, device)
+        runner = cls(model, max_batch, max_len, num_token_rows, extras)
+        if runner.dtype != dtype or runner.device.type != torch.device(device).type:
+            raise RuntimeError(f"{name_or_path}: loaded on {runner.device}/{runner.dtype}, asked {device}/{dtype}")
+        return runner
+
+    @property
+    def vocab_rows(self) -> int:
+        """Embedding rows (the model's vocabulary size as config.json states it)."""
+        return self.cfg.vocab_size
+
+    @property
+    def head_rows(self) -> int:
+        return self.model.lm_head.out_features
+
+    def prune_head(self, keep_rows: torch.Tensor) -> None:
+        """Keep only these output rows (sorted model row ids); logits index j then means keep_rows[j].
+
+        Used for a TLI draft: rows outside the intersection are masked anyway, so outputs are unchanged
+        while the head matmul shrinks (qwen3's 151936 rows -> ~39k).
+        """
+        keep_rows = keep_rows.to(self.device)
+        head = torch.nn.Linear(self.cfg.hidden_size, len(keep_rows), bias=False, device=self.device, dtype=self.dtype)
+        head.weight = torch.nn.Parameter(self.model.lm_head.weight.detach()[keep_rows].clone(), requires_grad=False)
+        self.model.lm_head = head
+        self.head_to_model_rows = keep_rows
+        self.num_token_rows = len(keep_rows)
+
+    @torch.inference_mode()
+    def forward(self, rows: list[int], input_ids: torch.Tensor, num_new: list[int] | None = None) -> torch.Tensor:
+        """Append input_ids [B, S] to the rows' caches; returns hidden states [B, S, hidden].
+
+        num_new[b] < S means row b's input is right-padded: only its first num_new[b] tokens are kept.
+        """
+        seq_len = input_ids.shape[1]
+        win = self.cache.window(rows, seq_len)
+        hidden = self.model(input_ids, self.cache, win)
+        self.cache.advance(rows, num_new if num_new is not None else seq_len)
+        return hidden
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> logits [..., head_rows], padding rows at -inf."""
+        out = self.model.logits(hidden)
+        if self.num_token_rows < out.shape[-1]:
+            out[..., self.num_token_rows:] = float("-inf")
+        return out
+
+    def prefill(self, row: int, token_ids: list[int], chunk: int = 512) -> None:
+        """Put a prompt into one row's cache (no logits needed: the last prompt token is fed by the step)."""
+        for start in range(0, len(token_ids), chunk):
+            piece = torch.tensor([token_ids[start:start + chunk]], dtype=torch.long, device=self.device)
+            self.forward([row], piece)
+
+    def cost_flops_per_token(self) -> dict:
+        """Multiply-adds per decoded token, split into layers and output head (for reporting head savings)."""
+        c = self.cfg
+        attn = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+        mlp = 3 * c.hidden_size * c.intermediate_size
+        return {"layers": c.num_hidden_layers * (attn + mlp), "head": c.hidden_size * self.head_rows}

@@ -1,0 +1,85 @@
+"""DraftModelProposer: a draft model that writes k tokens per row, whatever its vocabulary (see draft_vocab)."""
+from __future__ import annotations
+
+import torch
+
+from ..model.runner import ModelRunner
+from .draft_vocab import DraftVocab
+from .proposer import Proposal, SamplingBatch
+from .sampling import logits_to_probs, sample_from_probs
+
+
+class DraftModelProposer:
+    """Keeps, per row, the draft's token sequence (host) and its KV cache (device).
+
+    Invariant between steps: the draft cache holds a prefix of `state.draft_ids`; the rest (>= 1 token)
+    is fed at the start of the next `propose`.
+    """
+
+    def __init__(self, runner: ModelRunner, vocab: DraftVocab, num_speculative_tokens: int):
+        self.runner = runner
+        self.vocab = vocab
+        self.num_speculative_tokens = num_speculative_tokens
+        self.states: dict[int, object] = {}
+        self.device = runner.device
+
+    def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
+        state = self.vocab.sync.start(prompt_text, prompt_target_ids)
+        if not state.draft_ids:
+            raise ValueError("the draft tokenizer turns this prompt into no tokens; give a non-empty prompt")
+        self.states[row] = state
+        self.runner.cache.reset(row)
+        self.runner.prefill(row, state.draft_ids[:-1])
+
+    def remove_request(self, row: int) -> None:
+        self.states.pop(row, None)
+        self.runner.cache.reset(row)
+
+    def _pending(self, row: int) -> list[int]:
+        draft_ids = self.states[row].draft_ids
+        cached = self.runner.cache.length(row)
+        if cached >= len(draft_ids):
+            # Re-sync may leave nothing new (bytes still pending); re-feed the last token to get its logits.
+            cached = len(draft_ids) - 1
+            self.runner.cache.truncate(row, cached)
+        return draft_ids[cached:]
+
+    def propose(self, rows: list[int], sampling: SamplingBatch | None) -> Proposal:
+        k, runner = self.num_speculative_tokens, self.runner
+        pending = [self._pending(r) for r in rows]
+        lengths = [len(p) for p in pending]
+        width = max(lengths)
+        draft_input = torch.tensor([p + [0] * (width - len(p)) for p in pending], dtype=torch.long, device=self.device)
+        hidden = runner.forward(rows, draft_input, num_new=lengths)                       # [B, P, hidden]
+        last = torch.tensor(lengths, device=self.device) - 1
+        hidden = hidden[torch.arange(len(rows), device=self.device), last][:, None]      # [B, 1, hidden]
+        head_rows, head_probs = [], []
+        for i in range(k):
+            logits = runner.logits(hidden)                                                # [B, 1, N_head]
+            if sampling is None:
+                chosen = logits.argmax(-1)                                                # [B, 1]
+            else:
+                probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+                noise = torch.stack([r.exponential(1, probs.shape[-1]) for r in sampling.randoms]).to(probs)
+                chosen = sample_from_probs(probs, noise)
+                head_probs.append(probs)
+            head_rows.append(chosen)
+            if i < k - 1:
+                hidden = runner.forward(rows, self.vocab.to_draft_input(chosen))
+        head_rows_t = torch.cat(head_rows, dim=1)                                         # [B, k]
+        draft_probs = None if sampling is None else self.vocab.scatter_probs(torch.cat(head_probs, dim=1))
+        return Proposal(self.vocab.to_target(head_rows_t), draft_probs)
+
+    def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
+        k = self.num_speculative_tokens
+        for row, accepted, target_ids in zip(rows, num_accepted, new_target_ids):
+            state = self.states[row]
+            num_before = len(state.draft_ids)
+            # After propose the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host.
+            fed_accepted = [self.vocab.sync.draft_id_of(t) for t in target_ids[:min(accepted, k - 1)]]
+            num_dropped = self.vocab.sync.extend(state, target_ids)
+            keep = num_before - num_dropped
+            while (keep - num_before < len(fed_accepted) and keep < len(state.draft_ids)
+                   and keep >= num_before and state.draft_ids[keep] == fed_accepted[keep - num_before]):
+                keep += 1
+            self.runner.cache.truncate(row, min(keep, self.runner.cache.length(row)))

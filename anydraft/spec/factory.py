@@ -1,0 +1,76 @@
+"""Building a proposer from a SpeculativeConfig: load the draft, decide the vocab mode, wire the bridge."""
+from __future__ import annotations
+
+import torch
+
+from ..config import SpeculativeConfig, parse_dtype, resolve_device
+from ..model.loader import resolve_model_path
+from ..model.runner import ModelRunner
+from ..tokenizer import Tokenizer
+from ..vocab.cache import load_or_build_bridge
+from ..vocab.d2t import validate_d2t
+from ..vocab.resync import DraftResync
+from .draft_proposer import DraftModelProposer
+from .draft_vocab import DraftVocab, ResyncContextSync, SharedVocabSync
+
+
+def _draft_tokenizer(path, target_tokenizer: Tokenizer, vocab_mode: str) -> Tokenizer:
+    if (path / "tokenizer.json").exists():
+        return Tokenizer.from_dir(path)
+    if vocab_mode in ("d2t", "identity", "auto"):
+        return target_tokenizer  # EAGLE-style draft heads ship no tokenizer: they share the target's
+    raise ValueError(f"{path}: no tokenizer.json, which vocab_mode 'tli' needs")
+
+
+def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenizer: Tokenizer,
+                   max_batch: int, max_model_len: int) -> tuple[DraftModelProposer, dict]:
+    """Returns (proposer, info) where info reports the vocab mode, intersection stats and head savings."""
+    dtype = parse_dtype(spec.dtype) if spec.dtype else target.dtype
+    device = resolve_device(spec.device) if spec.device else target.device
+    path = resolve_model_path(spec.model)
+    draft_tokenizer = _draft_tokenizer(path, target_tokenizer, spec.vocab_mode)
+    # The draft's sequence can be longer than the target's (another tokenizer) and is right-padded in batches.
+    runner = ModelRunner.load(path, dtype, device, max_batch, 2 * max_model_len + 64,
+                              num_token_rows=draft_tokenizer.vocab_size)
+    if runner.dtype != dtype or runner.device.type != device.type:
+        raise ValueError(f"draft loaded on {runner.device}/{runner.dtype} but {device}/{dtype} was asked")
+    has_d2t = "d2t" in runner.extras
+    bridge = load_or_build_bridge(target_tokenizer, draft_tokenizer, target.vocab_rows, runner.vocab_rows)
+    mode = spec.vocab_mode
+    if mode == "auto":
+        mode = "d2t" if has_d2t else ("identity" if bridge.is_identity else "tli")
+    elif mode == "tli" and bridge.is_identity:
+        mode = "identity"  # TLI over identical vocabularies is the identity map: skip the tables
+    flops_before = runner.cost_flops_per_token()
+    info = {"vocab_mode": mode, "draft_path": str(path)}
+    if mode == "identity":
+        if not bridge.is_identity:
+            raise ValueError("vocab_mode 'identity' needs the same tokenizer for draft and target, but they differ "
+                             f"(intersection {bridge.stats.intersection} tokens); use vocab_mode 'tli' or 'auto'")
+        vocab = DraftVocab("identity", None, None, target.vocab_rows, SharedVocabSync())
+    elif mode == "d2t":
+        if not has_d2t:
+            raise ValueError(f"vocab_mode 'd2t' needs d2t/t2d tables in {path} (model.safetensors or d2t.safetensors)")
+        if not bridge.is_identity:
+            raise ValueError("vocab_mode 'd2t' needs the draft to share the target's tokenizer; they differ")
+        d2t, t2d = runner.extras["d2t"].long(), runner.extras["t2d"].bool()
+        validate_d2t(d2t, t2d, target.vocab_rows, source=str(path))
+        if runner.head_rows != len(d2t):
+            raise ValueError(f"{path}: d2t has {len(d2t)} entries but the draft head has {runner.head_rows} rows")
+        head_to_target = (torch.arange(len(d2t)) + d2t).to(device)
+        vocab = DraftVocab("d2t", head_to_target, head_to_target, target.vocab_rows, SharedVocabSync())
+    else:  # tli
+        keep = bridge.pruned_draft_rows()
+        runner.prune_head(keep)
+        head_to_target = bridge.draft_to_target[keep].to(device)
+        resync = DraftResync(bridge, target_tokenizer, draft_tokenizer, window=spec.resync_window)
+        sync = ResyncContextSync(resync, bridge.target_to_draft.tolist())
+        vocab = DraftVocab("tli", head_to_target, keep.to(device), target.vocab_rows, sync)
+        info["intersection"] = bridge.stats.intersection
+        info["intersection_pct_of_draft"] = round(100 * bridge.stats.intersection / max(1, draft_tokenizer.vocab_size), 2)
+        info["intersection_pct_of_target"] = round(100 * bridge.stats.intersection / max(1, target_tokenizer.vocab_size), 2)
+    flops_after = runner.cost_flops_per_token()
+    info["draft_head_rows"] = runner.head_rows
+    info["draft_head_macs_saved_per_token"] = flops_before["head"] - flops_after["head"]
+    info["draft_head_macs_saved_pct"] = round(100 * (1 - flops_after["head"] / flops_before["head"]), 2)
+    return DraftModelProposer(runner, vocab, spec.num_speculative_tokens), info

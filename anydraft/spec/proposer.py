@@ -1,0 +1,65 @@
+"""The Proposer protocol: the one seam through which draft strategies plug into the engine step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings of the running rows (None in place of this = every row greedy)."""
+    temperature: torch.Tensor   # [B]
+    top_k: torch.Tensor         # [B] long, 0 = off
+    top_p: torch.Tensor         # [B]
+    randoms: list               # [B] RowRandom, one seeded stream per request
+
+
+@dataclass
+class Proposal:
+    draft_target_ids: torch.Tensor          # [B, k] proposals already in TARGET ids
+    draft_probs: torch.Tensor | None        # [B, k, V_target_rows] draft distribution q in target vocab; None if greedy
+
+
+class Proposer(Protocol):
+    """Proposes k target tokens per row and keeps its own state in step with the target's accepted text."""
+
+    num_speculative_tokens: int
+
+    def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
+        """A request took cache row `row`; its prompt is known both as text and as target ids."""
+
+    def propose(self, rows: list[int], sampling: SamplingBatch | None) -> Proposal:
+        """k proposals for each of `rows` (no host sync inside)."""
+
+    def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
+        """After verification: row i accepted num_accepted[i] proposals; new_target_ids[i] are all tokens
+        appended to the target sequence this step (the accepted ones, then the recovered or bonus one)."""
+
+    def remove_request(self, row: int) -> None:
+        """The request left; its row may be reused."""
+
+
+class NoDraftProposer:
+    """Proposes nothing (k = 0): the step then degenerates to target-alone decoding, same code path."""
+
+    num_speculative_tokens = 0
+
+    def __init__(self, device: torch.device, target_vocab_rows: int):
+        self.device = device
+        self.target_vocab_rows = target_vocab_rows
+
+    def add_request(self, row, prompt_text, prompt_target_ids):
+        pass
+
+    def propose(self, rows, sampling):
+        empty_ids = torch.empty((len(rows), 0), dtype=torch.long, device=self.device)
+        probs = None if sampling is None else torch.empty((len(rows), 0, self.target_vocab_rows), device=self.device)
+        return Proposal(empty_ids, probs)
+
+    def observe(self, rows, num_accepted, new_target_ids):
+        pass
+
+    def remove_request(self, row):
+        pass
