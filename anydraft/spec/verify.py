@@ -1,0 +1,95 @@
+"""Deciding how many drafted tokens the target accepts, and which token the target adds after them.
+
+Pure tensor functions, vectorized over the batch and over k, with no host sync: the engine reads
+`num_accepted` / `output_ids` once per step elsewhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from anydraft.spec.sampling import sample_from_probs
+
+
+@dataclass
+class VerifyOutput:
+    """Result of verifying k drafted tokens per row (all tensors on the input's device)."""
+    num_accepted: torch.Tensor  # [B] long, 0..k
+    output_ids: torch.Tensor    # [B, k+1] long target ids: accepted drafts, then next_ids, then -1 padding
+    next_ids: torch.Tensor      # [B] long target id of the recovered (a rejection) or bonus (all accepted) token
+
+
+def _accepted_prefix_length(accepted: torch.Tensor,  # [B, k] bool, per position
+                            ) -> torch.Tensor:       # [B] long
+    """Number of leading True: a position counts only if every earlier one was accepted too."""
+    return accepted.long().cumprod(dim=1).sum(dim=1)
+
+
+def _assemble_output(draft_target_ids: torch.Tensor,  # [B, k]
+                     num_accepted: torch.Tensor,      # [B]
+                     next_ids: torch.Tensor,          # [B]
+                     ) -> VerifyOutput:
+    positions = torch.arange(draft_target_ids.shape[1] + 1, device=draft_target_ids.device)  # [k+1]
+    drafts_then_next = torch.cat([draft_target_ids.long(), next_ids[:, None]], dim=1)        # [B, k+1]
+    n = num_accepted[:, None]
+    output_ids = torch.where(positions < n, drafts_then_next,
+                             torch.where(positions == n, next_ids[:, None], -1))
+    return VerifyOutput(num_accepted=num_accepted, output_ids=output_ids, next_ids=next_ids)
+
+
+def verify_greedy(target_logits: torch.Tensor,     # [B, k+1, V_target]
+                  draft_target_ids: torch.Tensor,  # [B, k] drafted tokens in target ids
+                  ) -> VerifyOutput:
+    """Accept while the target argmax equals the drafted token; then emit the target argmax.
+
+    target_logits[:, i] is the target's prediction after the i-th drafted token (position 0: after the
+    last verified token), so position num_accepted gives the recovered or, when all k match, bonus token.
+    """
+    num_drafted = draft_target_ids.shape[1]
+    target_argmax = target_logits.argmax(dim=-1)                                   # [B, k+1]
+    num_accepted = _accepted_prefix_length(target_argmax[:, :num_drafted] == draft_target_ids)
+    next_ids = target_argmax.gather(1, num_accepted[:, None]).squeeze(1)           # [B]
+    return _assemble_output(draft_target_ids, num_accepted, next_ids)
+
+
+def verify_sampling(target_probs: torch.Tensor,      # [B, k+1, V_target] p, after temperature/top-k/top-p
+                    draft_probs: torch.Tensor,       # [B, k, V_target] q, scattered into target vocab
+                    draft_target_ids: torch.Tensor,  # [B, k] drafted tokens in target ids, x_i ~ q_i
+                    uniforms: torch.Tensor,          # [B, k] U[0, 1)
+                    exponentials: torch.Tensor,      # [B, k+1, V_target] Exp(1)
+                    ) -> VerifyOutput:
+    """Standard speculative rejection sampling; every emitted token is distributed exactly as p.
+
+    Accept x_i when u_i < p_i(x_i) / q_i(x_i). At the first rejection draw the recovered token from
+    normalize(max(p_i - q_i, 0)); when all k are accepted draw the bonus token from p_k.
+    q may be zero outside an intersection of vocabularies: p's mass there is only reachable through
+    the residual, which is what keeps the output exact.
+    Greedy rows fit too: with one-hot p (see logits_to_probs) this accepts iff x_i is the argmax.
+    """
+    batch, num_drafted = draft_target_ids.shape
+    ids = draft_target_ids.long()[:, :, None]                                       # [B, k, 1]
+    target_prob_drafted = target_probs[:, :num_drafted].gather(-1, ids).squeeze(-1)  # [B, k]
+    draft_prob_drafted = draft_probs.gather(-1, ids).squeeze(-1)                      # [B, k]
+    # u < p/q written as u*q < p: no division, and q(x) = 0 (never proposed by a correct caller)
+    # accepts iff p(x) > 0, matching min(1, p/q) = 1; p(x) = q(x) = 0 rejects.
+    accepted = uniforms.to(draft_prob_drafted.dtype) * draft_prob_drafted < target_prob_drafted
+    num_accepted = _accepted_prefix_length(accepted)                                 # [B]
+
+    vocab_size = target_probs.shape[-1]
+    at_next = num_accepted.view(batch, 1, 1).expand(batch, 1, vocab_size)          # [B, 1, V]
+    target_prob_next = target_probs.gather(1, at_next).squeeze(1)                    # [B, V]
+    if num_drafted > 0:
+        # Position k has no draft: q is 0 there, so the residual is p itself (the bonus distribution).
+        at_draft = at_next.clamp(max=num_drafted - 1)
+        draft_prob_next = draft_probs.gather(1, at_draft).squeeze(1)                 # [B, V]
+        draft_prob_next = draft_prob_next * (num_accepted < num_drafted)[:, None]
+        residual = (target_prob_next - draft_prob_next).clamp_min(0)
+        # An all-zero residual means p == q numerically: rejection then had probability ~0, fall back to p.
+        has_residual = residual.sum(dim=-1, keepdim=True) > 0
+        next_probs = torch.where(has_residual, residual, target_prob_next)
+    else:
+        next_probs = target_prob_next
+    # The race is scale-invariant, so the residual needs no normalization.
+    next_ids = sample_from_probs(next_probs, exponentials.gather(1, at_next).squeeze(1))
+    return _assemble_output(draft_target_ids, num_accepted, next_ids)

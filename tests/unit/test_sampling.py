@@ -1,0 +1,170 @@
+"""logits_to_probs against a direct per-row reference; exponential-race sampling; per-row noise."""
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from anydraft.spec.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
+
+P_VALUE_MIN = 1e-3
+
+
+def reference_probs(logits_row: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """One row [V] the obvious way, in float64: temperature, keep the k largest, smallest prefix >= top_p."""
+    logits_row = logits_row.double()
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits_row.argmax(), logits_row.numel()).double()
+    scaled = logits_row / temperature
+    if top_k > 0:
+        keep = torch.zeros_like(scaled, dtype=torch.bool)
+        keep[scaled.argsort(descending=True)[:top_k]] = True
+        scaled = scaled.masked_fill(~keep, float("-inf"))
+    probs = scaled.softmax(-1)
+    if top_p < 1.0:
+        order = probs.argsort(descending=True)
+        cumulative = probs[order].cumsum(0)
+        num_kept = int((cumulative < top_p).sum()) + 1
+        keep = torch.zeros_like(probs, dtype=torch.bool)
+        keep[order[:num_kept]] = True
+        probs = probs * keep
+        probs = probs / probs.sum()
+    return probs
+
+
+def test_logits_to_probs_matches_reference_per_row():
+    generator = torch.Generator().manual_seed(0)
+    settings = [  # (temperature, top_k, top_p): off, each alone, combined, greedy in the same batch
+        (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, -1, 0.8),
+        (0.5, 10, 0.9), (0.0, 3, 0.5), (2.0, 1, 1.0), (1.0, 40, 0.3),
+    ]
+    logits = torch.randn(len(settings), 3, 32, generator=generator) * 2.0
+    temperature = torch.tensor([s[0] for s in settings])
+    top_k = torch.tensor([s[1] for s in settings])
+    top_p = torch.tensor([s[2] for s in settings])
+    probs = logits_to_probs(logits, temperature, top_k, top_p)
+    assert probs.dtype == torch.float32 and probs.shape == logits.shape
+    for row, (t, k, p) in enumerate(settings):
+        for pos in range(logits.shape[1]):
+            expected = reference_probs(logits[row, pos], t, k, p)
+            torch.testing.assert_close(probs[row, pos].double(), expected, atol=1e-6, rtol=1e-5)
+            assert torch.equal(probs[row, pos] > 0, expected > 0), (row, pos)
+
+
+def test_none_top_k_top_p_equals_off_values():
+    logits = torch.randn(3, 2, 50, generator=torch.Generator().manual_seed(1))
+    temperature = torch.tensor([0.8, 0.0, 1.5])
+    skipped = logits_to_probs(logits, temperature)
+    off = logits_to_probs(logits, temperature, torch.tensor([0, -1, 0]), torch.ones(3))
+    torch.testing.assert_close(skipped, off)
+
+
+def test_top_p_one_keeps_tail_tokens_whose_mass_rounds_away():
+    # In float32 the cumulative mass reaches 1.0 before the tail: top_p = 1.0 must still mean "off".
+    logits = torch.tensor([[[10.0, 0.0, -20.0, -30.0]]])
+    probs = logits_to_probs(logits, torch.ones(1), top_p=torch.ones(1))
+    assert (probs > 0).all()
+    assert torch.equal(probs, logits_to_probs(logits, torch.ones(1)))
+
+
+def test_greedy_rows_are_one_hot_of_argmax():
+    logits = torch.randn(2, 4, 20, generator=torch.Generator().manual_seed(2))
+    probs = logits_to_probs(logits, torch.tensor([0.0, 1.0]), torch.tensor([5, 5]), torch.tensor([0.9, 0.9]))
+    expected = torch.nn.functional.one_hot(logits[0].argmax(-1), 20).float()
+    assert torch.equal(probs[0], expected)
+    assert (probs[1] > 0).sum(-1).max() > 1  # the sampled row stays a distribution
+
+
+def test_neg_inf_logits_get_exactly_zero_and_no_nan():
+    logits = torch.randn(4, 2, 10, generator=torch.Generator().manual_seed(3))
+    logits[:, :, 7:] = float("-inf")          # padding vocab rows
+    logits[1, 0, :] = float("-inf")
+    logits[1, 0, 4] = 0.5                     # all -inf except one
+    logits[2, 1, :] = float("-inf")           # fully masked: no distribution, but no NaN either
+    temperature = torch.tensor([1.0, 0.6, 1.0, 0.0])
+    for top_k, top_p in [(None, None), (torch.tensor([3, 2, 0, 4]), torch.tensor([0.9, 0.5, 1.0, 0.7]))]:
+        probs = logits_to_probs(logits, temperature, top_k, top_p)
+        assert not probs.isnan().any()
+        assert (probs[:, :, 7:] == 0).all()
+        assert probs[1, 0, 4] == 1.0 and probs[1, 0].sum() == 1.0
+        assert (probs[2, 1] == 0).all()
+        torch.testing.assert_close(probs[0].sum(-1), torch.ones(2))
+
+
+def test_dtypes_float64_kept_half_computed_in_float32():
+    logits = torch.randn(2, 1, 16, dtype=torch.float64)
+    assert logits_to_probs(logits, torch.ones(2)).dtype == torch.float64
+    bf16 = logits_to_probs(logits.bfloat16(), torch.ones(2), torch.tensor([4, 0]), torch.tensor([1.0, 0.9]))
+    assert bf16.dtype == torch.float32
+    torch.testing.assert_close(bf16.sum(-1), torch.ones(2, 1))
+
+
+def test_tied_logits_at_top_k_boundary_are_all_kept():
+    logits = torch.tensor([[[3.0, 1.0, 1.0, 1.0, 0.0]]])
+    probs = logits_to_probs(logits, torch.ones(1), top_k=torch.tensor([2]))
+    assert torch.equal(probs[0, 0] > 0, torch.tensor([True, True, True, True, False]))
+
+
+def _chi_square_p_value(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    """Goodness of fit of integer samples to probs [V]; tokens with probability 0 must never appear."""
+    counts = torch.bincount(samples, minlength=probs.numel()).double()
+    probs = probs.double()
+    support = probs > 0
+    assert counts[~support].sum() == 0, "a zero-probability token was drawn"
+    expected = probs[support] / probs[support].sum() * samples.numel()
+    return float(chisquare(counts[support].numpy(), expected.numpy()).pvalue)
+
+
+def test_sample_from_probs_is_distributed_as_probs():
+    num_samples = 20000
+    probs = torch.tensor([0.05, 0.0, 0.4, 0.25, 0.0, 0.2, 0.1])
+    generator = torch.Generator().manual_seed(4)
+    exponentials = torch.empty(num_samples, probs.numel()).exponential_(generator=generator)
+    samples = sample_from_probs(probs.expand(num_samples, -1), exponentials)
+    assert samples.shape == (num_samples,)
+    assert _chi_square_p_value(samples, probs) > P_VALUE_MIN
+    # Negative control: the same statistic rejects a slightly different distribution.
+    shifted = torch.tensor([0.08, 0.0, 0.37, 0.25, 0.0, 0.2, 0.1])
+    assert _chi_square_p_value(samples, shifted) < P_VALUE_MIN
+
+
+def test_sample_from_probs_unnormalized_and_zero_exponential():
+    probs = torch.tensor([[0.0, 2.0, 0.0, 6.0]])
+    exponentials = torch.tensor([[0.0, 1.0, 0.0, 1.0]])  # E = 0 on zero-prob tokens must not win
+    assert sample_from_probs(probs, exponentials).item() == 3
+
+
+def test_row_random_seed_reproduces():
+    a, b = RowRandom(123), RowRandom(123)
+    assert torch.equal(a.uniform(5), b.uniform(5))
+    assert torch.equal(a.exponential(3, 11), b.exponential(3, 11))
+    assert not torch.equal(RowRandom(123).uniform(5), RowRandom(124).uniform(5))
+    assert RowRandom(None).uniform(4).shape == (4,)
+
+
+def test_draw_noise_per_row_independent_of_batch_mates():
+    k, vocab_size = 3, 9
+    uniforms_a, exponentials_a = draw_noise([RowRandom(7), RowRandom(None)], k, vocab_size, "cpu")
+    uniforms_b, exponentials_b = draw_noise([RowRandom(99), RowRandom(5), RowRandom(7)], k, vocab_size, "cpu")
+    assert uniforms_a.shape == (2, k) and exponentials_a.shape == (2, k + 1, vocab_size)
+    assert torch.equal(uniforms_a[0], uniforms_b[2])
+    assert torch.equal(exponentials_a[0], exponentials_b[2])
+    assert (exponentials_b > 0).all() and ((uniforms_b >= 0) & (uniforms_b < 1)).all()
+
+
+def test_draw_noise_greedy_rows_get_constant_noise():
+    uniforms, exponentials = draw_noise([None, RowRandom(1)], 2, 5, "cpu")
+    assert (uniforms[0] == 0).all() and (exponentials[0] == 1).all()
+    assert not (exponentials[1] == 1).all()
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_sampling_pipeline_matches_softmax(temperature: float):
+    """logits_to_probs + sample_from_probs, drawn as one big batch, follows softmax(logits / T)."""
+    num_samples = 20000
+    logits = torch.tensor([1.0, -0.5, 0.3, 2.0, float("-inf"), 0.0])
+    probs = logits_to_probs(logits.expand(num_samples, 1, -1), torch.full((num_samples,), temperature))
+    exponentials = torch.empty(num_samples, 1, logits.numel()).exponential_(
+        generator=torch.Generator().manual_seed(5))
+    samples = sample_from_probs(probs, exponentials)[:, 0]
+    assert _chi_square_p_value(samples, (logits / temperature).softmax(-1)) > P_VALUE_MIN

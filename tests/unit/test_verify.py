@@ -1,0 +1,197 @@
+"""verify_greedy / verify_sampling on hand-made logits and probabilities; losslessness by chi-square."""
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from anydraft.spec.sampling import draw_noise, sample_from_probs
+from anydraft.spec.verify import VerifyOutput, verify_greedy, verify_sampling
+
+P_VALUE_MIN = 1e-3
+VOCAB_SIZE = 12
+
+
+def logits_with_argmax(target_argmax: list[list[int]], vocab_size: int = VOCAB_SIZE) -> torch.Tensor:
+    """[B, k+1, V] logits whose argmax at each position is the given target id."""
+    argmax = torch.tensor(target_argmax)
+    noise = torch.rand(*argmax.shape, vocab_size, generator=torch.Generator().manual_seed(0))
+    return noise.scatter(-1, argmax[..., None], 5.0)
+
+
+def assert_output(out: VerifyOutput, num_accepted: list[int], output_ids: list[list[int]]) -> None:
+    assert out.num_accepted.dtype == torch.long and out.output_ids.dtype == torch.long
+    assert out.num_accepted.tolist() == num_accepted
+    assert out.output_ids.tolist() == output_ids
+    assert out.next_ids.tolist() == [row[n] for row, n in zip(output_ids, num_accepted)]
+
+
+# ---------------------------------------------------------------- greedy
+
+def test_greedy_perfect_match_accepts_all_and_adds_bonus():
+    logits = logits_with_argmax([[3, 7, 1, 9]])
+    assert_output(verify_greedy(logits, torch.tensor([[3, 7, 1]])), [3], [[3, 7, 1, 9]])
+
+
+def test_greedy_early_mismatch_emits_target_argmax():
+    logits = logits_with_argmax([[3, 7, 1, 9]])
+    assert_output(verify_greedy(logits, torch.tensor([[3, 8, 1]])), [1], [[3, 7, -1, -1]])
+
+
+def test_greedy_all_rejected_at_position_zero():
+    logits = logits_with_argmax([[3, 7, 1, 9]])
+    assert_output(verify_greedy(logits, torch.tensor([[4, 7, 1]])), [0], [[3, -1, -1, -1]])
+
+
+def test_greedy_batch_rows_with_different_outcomes():
+    logits = logits_with_argmax([[3, 7, 1, 9], [0, 0, 0, 0], [5, 6, 2, 11], [2, 4, 6, 8]])
+    drafts = torch.tensor([[3, 7, 1], [0, 1, 0], [6, 6, 2], [2, 4, 5]])
+    out = verify_greedy(logits, drafts)
+    # Row 1 matches again at position 2 after a mismatch: that must not count (prefix only).
+    assert_output(out, [3, 1, 0, 2], [[3, 7, 1, 9], [0, 0, -1, -1], [5, -1, -1, -1], [2, 4, 6, -1]])
+
+
+def test_greedy_no_drafts_emits_argmax():
+    out = verify_greedy(logits_with_argmax([[4], [10]]), torch.zeros(2, 0, dtype=torch.long))
+    assert_output(out, [0, 0], [[4], [10]])
+
+
+# ---------------------------------------------------------------- sampling, deterministic cases
+
+def test_sampling_with_one_hot_target_equals_greedy():
+    """Greedy rows (one-hot p, constant noise from draw_noise) give verify_greedy's answer."""
+    logits = logits_with_argmax([[3, 7, 1, 9], [0, 0, 0, 0], [5, 6, 2, 11]])
+    drafts = torch.tensor([[3, 7, 1], [0, 1, 0], [6, 6, 2]])
+    target_probs = torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
+    draft_probs = torch.rand(3, 3, VOCAB_SIZE, generator=torch.Generator().manual_seed(1))
+    draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)  # the draft may even sample
+    uniforms, exponentials = draw_noise([None, None, None], 3, VOCAB_SIZE, "cpu")
+    out = verify_sampling(target_probs, draft_probs, drafts, uniforms, exponentials)
+    expected = verify_greedy(logits, drafts)
+    assert torch.equal(out.output_ids, expected.output_ids)
+    assert torch.equal(out.num_accepted, expected.num_accepted)
+
+
+def _one_position(p: list[float], q: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """target_probs [1, 2, V] (position 1 uniform) and draft_probs [1, 1, V] from one row each."""
+    target_probs = torch.tensor([p, [1.0 / len(p)] * len(p)])[None]
+    return target_probs, torch.tensor([q])[None]
+
+
+def test_sampling_acceptance_threshold_is_p_over_q():
+    target_probs, draft_probs = _one_position([0.3, 0.7, 0.0, 0.0], [0.6, 0.2, 0.2, 0.0])
+    exponentials = torch.ones(1, 2, 4)
+    accepted = verify_sampling(target_probs, draft_probs, torch.tensor([[0]]), torch.tensor([[0.49]]), exponentials)
+    rejected = verify_sampling(target_probs, draft_probs, torch.tensor([[0]]), torch.tensor([[0.51]]), exponentials)
+    assert accepted.num_accepted.item() == 1 and accepted.output_ids[0, 0].item() == 0
+    assert rejected.num_accepted.item() == 0
+    # Residual max(p - q, 0) = [0, 0.5, 0, 0]: the recovered token is 1 whatever the noise.
+    assert rejected.next_ids.item() == 1
+    assert rejected.output_ids.tolist() == [[1, -1]]
+
+
+def test_sampling_draft_prob_zero_is_safe():
+    target_probs, draft_probs = _one_position([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0])
+    exponentials = torch.ones(1, 2, 4)
+    accepted = verify_sampling(target_probs, draft_probs, torch.tensor([[1]]), torch.tensor([[0.9]]), exponentials)
+    assert accepted.num_accepted.item() == 1          # q(x) = 0 < p(x): min(1, p/q) = 1
+    rejected = verify_sampling(target_probs, draft_probs, torch.tensor([[3]]), torch.tensor([[0.0]]), exponentials)
+    assert rejected.num_accepted.item() == 0          # p(x) = q(x) = 0
+    assert rejected.next_ids.item() in (0, 1)
+
+
+def test_sampling_zero_residual_falls_back_to_target():
+    # p == q and the drafted token has p = q = 0: residual is all zero, so draw from p.
+    target_probs, draft_probs = _one_position([0.5, 0.5, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0])
+    exponentials = torch.tensor([[[1.0, 0.1, 1.0, 1.0], [1.0] * 4]])
+    out = verify_sampling(target_probs, draft_probs, torch.tensor([[2]]), torch.tensor([[0.3]]), exponentials)
+    assert out.num_accepted.item() == 0 and out.next_ids.item() == 1
+
+
+def test_sampling_bonus_uses_last_position_noise():
+    target_probs = torch.tensor([[[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]]])
+    exponentials = torch.tensor([[[1.0, 1.0, 1.0], [0.01, 1.0, 1.0]]])  # token 0 wins the race at position 1
+    out = verify_sampling(target_probs, target_probs[:, :1], torch.tensor([[1]]), torch.tensor([[0.99]]),
+                          exponentials)
+    assert out.output_ids.tolist() == [[1, 0]] and out.num_accepted.tolist() == [1]
+
+
+# ---------------------------------------------------------------- sampling, distribution (lossless)
+
+NUM_SAMPLES = 40000
+TARGET = [[0.10, 0.20, 0.30, 0.15, 0.05, 0.20],
+          [0.25, 0.05, 0.10, 0.30, 0.20, 0.10],
+          [0.40, 0.00, 0.10, 0.00, 0.30, 0.20]]
+DRAFT_CASES = {  # draft distributions q for positions 0 and 1
+    "different": [[0.30, 0.10, 0.10, 0.20, 0.20, 0.10], [0.10, 0.30, 0.30, 0.10, 0.10, 0.10]],
+    "zero_where_target_positive": [[0.00, 0.50, 0.00, 0.30, 0.20, 0.00], [0.50, 0.00, 0.00, 0.50, 0.00, 0.00]],
+    "equal": TARGET[:2],
+    "nearly_disjoint": [[0.00, 0.02, 0.00, 0.03, 0.50, 0.45], [0.00, 0.90, 0.00, 0.00, 0.00, 0.10]],
+}
+
+
+def _draw_and_verify(target: list[list[float]], draft: list[list[float]], seed: int,
+                     always_accept: bool = False) -> tuple[VerifyOutput, torch.Tensor, torch.Tensor]:
+    """NUM_SAMPLES independent rows in one batch: drafts x_i ~ q_i, then verify_sampling."""
+    generator = torch.Generator().manual_seed(seed)
+    num_drafted, vocab_size = len(draft), len(target[0])
+    target_probs = torch.tensor(target).expand(NUM_SAMPLES, -1, -1)
+    draft_probs = torch.tensor(draft).expand(NUM_SAMPLES, -1, -1)
+    draft_noise = torch.empty(NUM_SAMPLES, num_drafted, vocab_size).exponential_(generator=generator)
+    draft_target_ids = sample_from_probs(draft_probs, draft_noise)
+    uniforms = torch.rand(NUM_SAMPLES, num_drafted, generator=generator)
+    if always_accept:
+        uniforms = torch.zeros_like(uniforms)
+    exponentials = torch.empty(NUM_SAMPLES, num_drafted + 1, vocab_size).exponential_(generator=generator)
+    out = verify_sampling(target_probs, draft_probs, draft_target_ids, uniforms, exponentials)
+    return out, target_probs, draft_probs
+
+
+def _chi_square_p_value(samples: torch.Tensor, probs: list[float]) -> float:
+    probs_t = torch.tensor(probs, dtype=torch.float64)
+    counts = torch.bincount(samples, minlength=probs_t.numel()).double()
+    support = probs_t > 0
+    assert counts[~support].sum() == 0, "a token with target probability 0 was emitted"
+    expected = probs_t[support] / probs_t[support].sum() * samples.numel()
+    return float(chisquare(counts[support].numpy(), expected.numpy()).pvalue)
+
+
+@pytest.mark.parametrize("case", sorted(DRAFT_CASES))
+def test_sampling_emitted_tokens_are_distributed_as_target(case: str):
+    out, _, _ = _draw_and_verify(TARGET, DRAFT_CASES[case], seed=10)
+    assert not (out.output_ids[:, 0] < 0).any()
+    # (a) first emitted token ~ p_0, whatever q is.
+    assert _chi_square_p_value(out.output_ids[:, 0], TARGET[0]) > P_VALUE_MIN
+    # (b) given position 0 accepted, the second emitted token ~ p_1; (c) given both, the bonus ~ p_2.
+    for position in (1, 2):
+        reached = out.num_accepted >= position
+        assert reached.sum() > 1000, "too few samples reach this position for the test to mean anything"
+        assert _chi_square_p_value(out.output_ids[reached, position], TARGET[position]) > P_VALUE_MIN
+    # Layout: after the emitted token everything is -1.
+    positions = torch.arange(3)
+    assert ((out.output_ids >= 0) == (positions <= out.num_accepted[:, None])).all()
+
+
+def test_sampling_acceptance_rate_is_overlap():
+    """P(position 0 accepted) = sum_x min(p(x), q(x)), the known rate of rejection sampling."""
+    draft = DRAFT_CASES["different"]
+    out, _, _ = _draw_and_verify(TARGET, draft, seed=11)
+    overlap = torch.minimum(torch.tensor(TARGET[0]), torch.tensor(draft[0])).sum().item()
+    rate = (out.num_accepted >= 1).double().mean().item()
+    assert abs(rate - overlap) < 4 * (overlap * (1 - overlap) / NUM_SAMPLES) ** 0.5
+
+
+def test_statistic_detects_always_accept():
+    """Negative control: accepting every draft emits q, and the same statistic must notice."""
+    out, _, _ = _draw_and_verify(TARGET, DRAFT_CASES["different"], seed=12, always_accept=True)
+    assert (out.num_accepted == 2).all()
+    assert _chi_square_p_value(out.output_ids[:, 0], TARGET[0]) < P_VALUE_MIN
+
+
+def test_statistic_detects_recovering_from_target_instead_of_residual():
+    """Negative control: on rejection, drawing from p rather than max(p - q, 0) biases the output."""
+    out, target_probs, _ = _draw_and_verify(TARGET, DRAFT_CASES["different"], seed=13)
+    rejected_at_0 = out.num_accepted == 0
+    noise = torch.empty(NUM_SAMPLES, len(TARGET[0])).exponential_(generator=torch.Generator().manual_seed(14))
+    wrong_first = torch.where(rejected_at_0, sample_from_probs(target_probs[:, 0], noise), out.output_ids[:, 0])
+    assert _chi_square_p_value(wrong_first, TARGET[0]) < P_VALUE_MIN
