@@ -77,9 +77,10 @@ def _special_pairs(target: Tokenizer, draft: Tokenizer, target_rows: int, draft_
         target_id = target_specials.get(content)
         if target_id is not None and target_table.token_kinds[target_id] == draft_table.token_kinds[draft_id]:
             pairs[target_id] = draft_id
-    roles = [(target.eos_token_ids[:1] or [None])[0], target.bos_token_id, target.pad_token_id, target.unk_token_id]
+    target_roles = [(target.eos_token_ids[:1] or [None])[0], target.bos_token_id, target.pad_token_id,
+                    target.unk_token_id]
     draft_roles = [(draft.eos_token_ids[:1] or [None])[0], draft.bos_token_id, draft.pad_token_id, draft.unk_token_id]
-    for target_id, draft_id in zip(roles, draft_roles):
+    for target_id, draft_id in zip(target_roles, draft_roles):
         if (target_id is None or draft_id is None or target_id >= target_rows or draft_id >= draft_rows
                 or target_id not in target.special_ids or draft_id not in draft.special_ids):
             continue

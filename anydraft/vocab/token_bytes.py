@@ -78,9 +78,10 @@ def detect_byte_scheme(tokenizer_json: dict) -> ByteScheme:
     parts = (_walk_types(tokenizer_json.get("decoder")) + _walk_types(tokenizer_json.get("pre_tokenizer"))
              + _walk_types(tokenizer_json.get("normalizer")))
     types = {p.get("type") for p in parts}
-    metaspace = "Metaspace" in types or any(
-        p.get("type") == "Replace" and SPIECE_UNDERLINE in (p.get("content", ""), (p.get("pattern") or {}).get("String"))
-        for p in parts)
+    # Older SentencePiece exports spell Metaspace as Replace(" " <-> "▁") normalizer/decoder steps.
+    replaces_underline = any(p.get("type") == "Replace" and SPIECE_UNDERLINE in
+                             (p.get("content", ""), (p.get("pattern") or {}).get("String")) for p in parts)
+    metaspace = "Metaspace" in types or replaces_underline
     if model_type not in ("BPE", "Unigram"):
         raise UnsupportedTokenizer(f"model type {model_type!r} is not supported (only byte-level BPE and "
                                    "SentencePiece BPE/Unigram with byte fallback)")
@@ -152,11 +153,17 @@ class TokenBytesTable:
 
     def ids_of_kinds(self, *kinds: TokenKind) -> list[int]:
         """Sorted ids whose kind is one of `kinds`."""
+        if len(kinds) == 1:
+            return list(self._ids_by_kind[int(kinds[0])])
         return sorted(token_id for kind in kinds for token_id in self._ids_by_kind[int(kind)])
 
     def single_byte_ids(self) -> list[int | None]:
         """[256] canonical id spelling each single byte (None where the vocabulary has none)."""
-        return [self.canonical_ids.get(bytes([b])) for b in range(256)]
+        return list(self._single_byte_ids)
+
+    @cached_property
+    def _single_byte_ids(self) -> tuple[int | None, ...]:
+        return tuple(self.canonical_ids.get(bytes([b])) for b in range(256))
 
 
 def build_token_bytes(tokenizer_json: dict, encode_fragment: Callable[[str], list[int]] | None = None
