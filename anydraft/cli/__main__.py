@@ -1,0 +1,5 @@
+import sys
+
+from anydraft.cli import main
+
+sys.exit(main())
