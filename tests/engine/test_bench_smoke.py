@@ -1,0 +1,70 @@
+"""`anydraft bench` end to end on tiny random checkpoints: every output present, emulation labelled, peers skip cleanly."""
+import json
+
+import pytest
+
+from anydraft.bench.inflate import parse_inflate_spec
+from anydraft.bench.peer_vllm import find_vllm_python
+from anydraft.bench.report import check_goals, markdown_table
+from anydraft.bench.suite import BenchConfig, run_bench
+from anydraft.cli import main
+
+
+def _config(ckpts, **overrides) -> BenchConfig:
+    base = dict(target=str(ckpts.smollm2_target), draft=str(ckpts.qwen3_draft),
+                same_vocab_draft=str(ckpts.smollm2_noisy_draft), k=2, num_prompts=2, max_tokens=8, repeats=1,
+                peers=(), sweep_ks=[1, 2], threads=1, max_model_len=512)
+    base.update(overrides)
+    return BenchConfig(**base)
+
+
+def test_bench_runs_every_anydraft_contender(ckpts):
+    result = run_bench(_config(ckpts))
+    names = [r["name"] for r in result["runs"]]
+    assert names == ["anydraft target alone", "anydraft same-vocab (identity)", "anydraft TLI"]
+    for run in result["runs"]:
+        assert run["tokens_per_second_median"] > 0 and run["speedup_vs_target_alone"] > 0
+        # Greedy speculative decoding reproduces the target alone (float32 tiny models: no near-ties).
+        assert run["exact_matches_vs_target_alone"] == 2
+        assert 0 <= run["gsm8k_accuracy"] <= 1
+    tli = result["runs"][2]
+    assert 1 <= tli["acceptance_length"] <= 3 and len(tli["acceptance_by_position"]) == 2
+    assert tli["ideal_speedup"] > 0
+    assert [row["k"] for row in result["sweep_k"]] == [1, 2]
+    assert set(result["costs"]["verify_seconds"]) == {"1", "2"}
+    assert not result["config"]["emulated"]
+    assert "anydraft TLI" in markdown_table(result)
+    json.dumps(result)   # the JSON file must serialize
+
+
+def test_inflated_target_is_labelled_emulated_and_decodes_the_same(ckpts):
+    result = run_bench(_config(ckpts, same_vocab_draft=None, sweep_ks=[], peers=("hf", "vllm"),
+                               inflate=parse_inflate_spec("4x256")))
+    assert result["config"]["emulated"] and result["config"]["inflate_target"] == "4x256"
+    assert result["target"]["shape_layers_x_mlp_rows"] == "4x256" and result["target"]["trained_shape"] == "2x64"
+    assert "EMULATED" in markdown_table(result)
+    assert set(result["skipped"]) == {"hf", "vllm"}
+    assert all(r["exact_matches_vs_target_alone"] == 2 for r in result["runs"])
+    assert any("emulated" in g["goal"] for g in check_goals(result))
+
+
+def test_vllm_without_interpreter_is_skipped_with_reason(monkeypatch):
+    monkeypatch.delenv("ANYDRAFT_VLLM_PYTHON", raising=False)
+    python, reason = find_vllm_python(None)
+    assert python is None and "--vllm-python" in reason
+    python, reason = find_vllm_python("/nonexistent/python")
+    assert python is None and "not an executable" in reason
+
+
+def test_cli_writes_json_and_plots(ckpts, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code = main(["bench", "--target", str(ckpts.smollm2_target), "--draft", str(ckpts.qwen3_draft),
+                 "--same-vocab-draft", "none", "-k", "2", "--num-prompts", "1", "--max-tokens", "6", "--repeats", "1",
+                 "--sweep-k", "1-2", "--peers", "vllm", "--threads", "1", "--out", str(tmp_path), "--tag", "smoke"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "vllm skipped" in out and "Goals:" in out
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert result["goals"] and result["skipped"]["vllm"]
+    assert (tmp_path / "smoke_acceptance_by_position.png").stat().st_size > 0
+    assert (tmp_path / "smoke_speedup_vs_k.png").stat().st_size > 0
