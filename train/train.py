@@ -1,0 +1,388 @@
+"""Train the embedded model family (issue #4): two targets and two drafts on GSM8K, on CPU.
+
+    models/qwen3-target    Qwen3ForCausalLM  qwen3 tokenizer   (151936 vocab rows, 151669 tokens)
+    models/qwen3-draft     Qwen3ForCausalLM  qwen3 tokenizer
+    models/smollm2-target  LlamaForCausalLM  smollm2 tokenizer (49152 vocab rows)
+    models/smollm2-draft   LlamaForCausalLM  smollm2 tokenizer
+
+Pairs used for verification (vocabularies differ in both directions):
+    qwen3-target   + smollm2-draft        smollm2-target + qwen3-draft
+
+Exact commands (run from the repository root; every stage is seeded and resumable: rerunning a
+command continues from runs/<name>/ckpt.pt; CI never runs this):
+
+    python train/train.py train qwen3-target                       # stage 1
+    python train/train.py train smollm2-target                     # stage 2
+    python train/train.py distill qwen3-target                     # stage 3: target's greedy answers
+    python train/train.py distill smollm2-target                   #          to train questions
+    python train/train.py train smollm2-draft --distill qwen3-target     # stage 4: draft on its
+    python train/train.py train qwen3-draft   --distill smollm2-target   #   paired target's outputs + data
+    python train/train.py eval                                     # perplexity, samples, proxy AL, latency
+
+Or everything in order: `bash train/run_all.sh` (logs in runs/). Wall times measured on the 2-core
+build machine (shared with other jobs, so they vary) are in train/README.md.
+
+Design
+- Text: "Question: {question}\nAnswer: {answer}" + the tokenizer's EOS token (qwen3: <|im_end|>,
+  smollm2: <|endoftext|>); no BOS (neither tokenizer adds one). One example per row, rows bucketed by
+  length, loss on every token.
+- Compact vocabulary: only the ids that occur in the training text (+ EOS) get a trainable row. All
+  other rows of the exported embedding (tied with the output head) are exactly zero, so their logit is
+  exactly 0; the training loss accounts for them in closed form: logsumexp over
+  [compact logits, log(n_zero)] where n_zero = tokenizer size - compact size. Padding rows past the
+  tokenizer size are excluded (they are masked to -inf at inference). The zero rows compress to almost
+  nothing in git while the checkpoint stays a standard HF checkpoint.
+- Sizes: decode at batch 1 on CPU is dominated by per-layer overhead, so the targets are deep and
+  narrow (>= 4x a draft's per-token latency) and the drafts have 1 layer.
+- Drafts are distilled: trained on the original data mixed with their paired target's greedy answers
+  to train questions, re-tokenized with the draft's tokenizer.
+- bf16 autocast (AMX) with fp32 master weights, AdamW, cosine schedule; weights exported in bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from anydraft.model.config import ModelConfig  # noqa: E402
+from anydraft.model.kv_cache import KVCache  # noqa: E402
+from anydraft.model.llama import CausalLM  # noqa: E402
+
+DATA = Path(os.environ.get("ANYDRAFT_GSM8K", "/work/shared/data/gsm8k"))
+TOKENIZERS = Path(os.environ.get("ANYDRAFT_TOKENIZERS", "/work/shared/tokenizers"))
+RUNS = ROOT / "runs"
+MODELS = ROOT / "models"
+SEED = 1234
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+# name -> architecture, tokenizer, vocab rows, shape, schedule
+SPECS = {
+    "qwen3-target": dict(arch="Qwen3ForCausalLM", tok="qwen3", rows=151936, eos="<|im_end|>", bos=None,
+                         hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024),
+    "smollm2-target": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
+                           hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024),
+    "qwen3-draft": dict(arch="Qwen3ForCausalLM", tok="qwen3", rows=151936, eos="<|im_end|>", bos=None,
+                        hidden=192, layers=1, inter=512, heads=3, kv=1, steps=300, lr=3e-3, batch=1024),
+    "smollm2-draft": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
+                          hidden=192, layers=1, inter=512, heads=3, kv=1, steps=300, lr=3e-3, batch=1024),
+}
+PAIRS = {"qwen3-target": "smollm2-draft", "smollm2-target": "qwen3-draft"}
+HEAD_DIM = 64
+
+
+def tokenizer(name):
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(TOKENIZERS / name / "tokenizer.json"))
+
+
+def prompt_text(question: str) -> str:
+    return f"Question: {question}\nAnswer:"
+
+
+def doc_text(question: str, answer: str) -> str:
+    return f"{prompt_text(question)} {answer}"
+
+
+def load_jsonl(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def model_config(spec, vocab_rows, eos_id, bos_id) -> ModelConfig:
+    return ModelConfig(architecture=spec["arch"], vocab_size=vocab_rows, hidden_size=spec["hidden"],
+                       intermediate_size=spec["inter"], num_hidden_layers=spec["layers"],
+                       num_attention_heads=spec["heads"], num_key_value_heads=spec["kv"], head_dim=HEAD_DIM,
+                       max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
+                       tie_word_embeddings=True, qk_norm=spec["arch"] == "Qwen3ForCausalLM",
+                       bos_token_id=bos_id, eos_token_id=eos_id)
+
+
+def compact_vocab(tok_name):
+    """Sorted ids occurring in the training text (+EOS): the rows that are trained."""
+    path = RUNS / "data" / f"vocab-{tok_name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    tok = tokenizer(tok_name)
+    rows = load_jsonl(DATA / "train.jsonl")
+    enc = tok.encode_batch([doc_text(r["question"], r["answer"]) for r in rows], add_special_tokens=False)
+    spec = next(s for s in SPECS.values() if s["tok"] == tok_name)
+    used = sorted(set(i for e in enc for i in e.ids) | {tok.token_to_id(spec["eos"])})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(used))
+    return used
+
+
+def training_docs(name, distill_from):
+    """Token-id lists (full ids, EOS-terminated) of every training document."""
+    spec = SPECS[name]
+    tok = tokenizer(spec["tok"])
+    eos = tok.token_to_id(spec["eos"])
+    texts = [doc_text(r["question"], r["answer"]) for r in load_jsonl(DATA / "train.jsonl")]
+    if distill_from:
+        gen = load_jsonl(RUNS / "distill" / f"{distill_from}.jsonl")
+        texts += [prompt_text(g["question"]) + g["completion"] for g in gen] * 2   # weighted 2x
+        print(f"{name}: {len(gen)} distilled examples from {distill_from}", flush=True)
+    enc = tok.encode_batch(texts, add_special_tokens=False)
+    used = set(compact_vocab(spec["tok"]))
+    docs, dropped = [], 0
+    for e in enc:
+        ids = e.ids + [eos]
+        if not all(i in used for i in ids):   # a distilled text with a token the data never had
+            dropped += 1
+            continue
+        docs.append(ids)
+    if dropped:
+        print(f"{name}: dropped {dropped} documents with ids outside the compact vocabulary", flush=True)
+    return docs
+
+
+def make_batches(docs, epoch, tokens_per_batch):
+    """Length-bucketed batches of <= tokens_per_batch padded tokens, shuffled per epoch (seeded)."""
+    rng = random.Random(SEED * 1000 + epoch)
+    order = sorted(range(len(docs)), key=lambda i: (len(docs[i]), rng.random()))
+    batches, cur, cur_max = [], [], 0
+    for i in order:
+        L = len(docs[i])
+        if cur and max(cur_max, L) * (len(cur) + 1) > tokens_per_batch:
+            batches.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, L)
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(docs, idx, remap):
+    L = max(len(docs[i]) for i in idx)
+    ids = torch.zeros(len(idx), L, dtype=torch.long)
+    mask = torch.zeros(len(idx), L, dtype=torch.bool)
+    for r, i in enumerate(idx):
+        ids[r, :len(docs[i])] = remap[torch.tensor(docs[i])]
+        mask[r, :len(docs[i])] = True
+    return ids, mask
+
+
+def init_weights(model: CausalLM, num_layers):
+    g = torch.Generator().manual_seed(SEED)
+    for n, p in model.named_parameters():
+        if p.dim() == 2:
+            std = 0.02 / math.sqrt(2 * num_layers) if n.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def compact_loss(model, hidden, targets, valid, log_n_zero):
+    """Mean NLL over valid positions; the zero-logit rows enter the normalizer in closed form."""
+    h = hidden[valid]
+    logits = model.logits(h).float()
+    lse = torch.logaddexp(torch.logsumexp(logits, -1), torch.tensor(log_n_zero))
+    return (lse - logits.gather(-1, targets[valid][:, None])[:, 0]).mean()
+
+
+def cmd_train(args):
+    torch.set_num_threads(args.threads)
+    name, spec = args.name, SPECS[args.name]
+    torch.manual_seed(SEED)
+    tok = tokenizer(spec["tok"])
+    used = compact_vocab(spec["tok"])
+    n_tok = tok.get_vocab_size()
+    log_n_zero = math.log(n_tok - len(used))
+    remap = torch.full((spec["rows"],), -1, dtype=torch.long)
+    remap[torch.tensor(used)] = torch.arange(len(used))
+    docs = training_docs(name, args.distill)
+    cfg = model_config(spec, len(used), None, None)
+    model = CausalLM(cfg)
+    init_weights(model, spec["layers"])
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([dict(params=decay, weight_decay=0.1), dict(params=no_decay, weight_decay=0.0)],
+                            lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8)
+    steps = args.steps or spec["steps"]
+    warmup = 30
+    run = RUNS / name
+    run.mkdir(parents=True, exist_ok=True)
+    ckpt_path = run / "ckpt.pt"
+    step, t_prev = 0, 0.0
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, t_prev = ck["step"], ck.get("elapsed", 0.0)
+        print(f"{name}: resumed at step {step}", flush=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{name}: {cfg.num_hidden_layers}L h{cfg.hidden_size} compact vocab {len(used)}/{n_tok}, "
+          f"{n_params/1e6:.2f}M trained params, {len(docs)} docs, {steps} steps", flush=True)
+    batches_per_epoch = len(make_batches(docs, 0, spec["batch"]))
+    t0 = time.time()
+    tokens = 0
+    model.train()
+    while step < steps:
+        epoch, pos = divmod(step, batches_per_epoch)
+        idx = make_batches(docs, epoch, spec["batch"])[pos]
+        ids, mask = collate(docs, idx, remap)
+        lr = spec["lr"] * (step + 1) / warmup if step < warmup else \
+            spec["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+        for gparam in opt.param_groups:
+            gparam["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = model(ids[:, :-1])
+            loss = compact_loss(model, hidden, ids[:, 1:], mask[:, 1:], log_n_zero)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        tokens += int(mask.sum())
+        if step % 10 == 0 or step == steps:
+            el = time.time() - t0
+            print(f"{name} step {step}/{steps} ep {epoch} loss {loss.item():.4f} lr {lr:.2e} "
+                  f"{tokens/el:.0f} tok/s elapsed {t_prev+el:.0f}s", flush=True)
+        if step % 25 == 0 or step == steps:
+            tmp = run / "ckpt.tmp"
+            torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step,
+                            elapsed=t_prev + time.time() - t0), tmp)
+            os.replace(tmp, ckpt_path)
+    export(name, model, used, tok)
+    print(f"{name}: done, total training wall time {t_prev + time.time() - t0:.0f}s", flush=True)
+
+
+def export(name, model, used, tok):
+    """Scatter the compact rows into the full-size embedding (zeros elsewhere); write a HF checkpoint."""
+    from safetensors.torch import save_file
+    spec = SPECS[name]
+    eos_id = tok.token_to_id(spec["eos"])
+    bos_id = tok.token_to_id(spec["bos"]) if spec["bos"] else None
+    cfg = model_config(spec, spec["rows"], eos_id, bos_id)
+    sd = {k: v.detach().float() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    full = torch.zeros(spec["rows"], cfg.hidden_size)
+    full[torch.tensor(used)] = sd["model.embed_tokens.weight"]
+    sd["model.embed_tokens.weight"] = full
+    out = MODELS / name
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in sorted(sd.items())}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+    gen = dict(bos_token_id=bos_id, eos_token_id=eos_id, do_sample=False)
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    src = TOKENIZERS / spec["tok"]
+    for f in sorted(src.iterdir()):
+        if f.name in TOKENIZER_FILES or f.name.startswith("LICENSE") or f.name == "SOURCE.txt":
+            (out / f.name).write_bytes(f.read_bytes())
+    print(f"exported {out}", flush=True)
+
+
+def load_shipped(name, dtype=torch.float32):
+    from safetensors.torch import load_file
+    path = MODELS / name
+    cfg = ModelConfig.from_file(path / "config.json")
+    model = CausalLM(cfg)
+    sd = load_file(str(path / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    return model.to(dtype).eval(), cfg
+
+
+@torch.no_grad()
+def greedy_generate(model, cfg, prompts, max_new, eos_id, n_tokens, batch=64, head_rows=None, dtype=torch.bfloat16):
+    """Batched greedy continuation through CausalLM + KVCache. Padding rows are never chosen."""
+    outs = []
+    for b0 in range(0, len(prompts), batch):
+        chunk = prompts[b0:b0 + batch]
+        B = len(chunk)
+        cache = KVCache(cfg.num_hidden_layers, B, max(len(p) for p in chunk) + max_new + 1,
+                        cfg.num_key_value_heads, cfg.head_dim, dtype, "cpu")
+        nxt = torch.zeros(B, 1, dtype=torch.long)
+        for r, p in enumerate(chunk):
+            win = cache.window([r], len(p))
+            h = model(torch.tensor([p]), cache, win)
+            cache.advance([r], len(p))
+            lg = model.logits(h[:, -1]).float()
+            lg[:, n_tokens:] = float("-inf")
+            nxt[r, 0] = lg.argmax(-1)[0]
+        gen = [[int(nxt[r, 0])] for r in range(B)]
+        active = [r for r in range(B) if gen[r][-1] != eos_id]
+        for _ in range(max_new - 1):
+            if not active:
+                break
+            win = cache.window(active, 1)
+            h = model(nxt[active], cache, win)
+            cache.advance(active, 1)
+            lg = model.logits(h[:, -1]).float()
+            lg[:, n_tokens:] = float("-inf")
+            am = lg.argmax(-1)
+            for j, r in enumerate(active):
+                gen[r].append(int(am[j]))
+                nxt[r, 0] = am[j]
+            active = [r for r in active if gen[r][-1] != eos_id]
+        outs.extend(gen)
+        print(f"  generated {b0 + B}/{len(prompts)}", flush=True)
+    return outs
+
+
+def cmd_distill(args):
+    """Greedy answers of a target to the first N train questions -> runs/distill/<target>.jsonl."""
+    torch.set_num_threads(args.threads)
+    name, spec = args.name, SPECS[args.name]
+    out = RUNS / "distill" / f"{name}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = load_jsonl(out) if out.exists() else []
+    rows = load_jsonl(DATA / "train.jsonl")[:args.n]
+    model, cfg = load_shipped(name, torch.bfloat16)
+    tok = tokenizer(spec["tok"])
+    eos = tok.token_to_id(spec["eos"])
+    t0 = time.time()
+    with open(out, "a") as f:
+        for b0 in range(len(done), len(rows), 256):   # resumable in blocks of 256 questions
+            block = rows[b0:b0 + 256]
+            prompts = [tok.encode(prompt_text(r["question"]), add_special_tokens=False).ids for r in block]
+            gens = greedy_generate(model, cfg, prompts, args.max_new, eos, tok.get_vocab_size())
+            for r, g in zip(block, gens):
+                ended = bool(g) and g[-1] == eos
+                text = tok.decode([i for i in g if i != eos], skip_special_tokens=False)
+                f.write(json.dumps(dict(question=r["question"], completion=text, ended=ended)) + "\n")
+            f.flush()
+            print(f"{name}: {b0 + len(block)} distilled, {time.time() - t0:.0f}s", flush=True)
+
+
+def cmd_eval(args):
+    """Perplexity on GSM8K test answers, sample continuations, proxy acceptance, decode latency."""
+    from eval_models import main as eval_main   # train/eval_models.py
+    eval_main(args)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("name", choices=sorted(SPECS))
+    t.add_argument("--distill", choices=sorted(PAIRS), help="also train on this target's greedy answers")
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--threads", type=int, default=2)
+    d = sub.add_parser("distill")
+    d.add_argument("name", choices=sorted(PAIRS))
+    d.add_argument("--n", type=int, default=1536)
+    d.add_argument("--max-new", type=int, default=200)
+    d.add_argument("--threads", type=int, default=2)
+    e = sub.add_parser("eval")
+    e.add_argument("--threads", type=int, default=2)
+    e.add_argument("--n", type=int, default=100)
+    e.add_argument("--out", default=str(RUNS / "eval.json"))
+    args = ap.parse_args()
+    {"train": cmd_train, "distill": cmd_distill, "eval": cmd_eval}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
