@@ -74,14 +74,17 @@ class Engine:
         return bool(self.waiting or self.running)
 
     def _admit(self) -> None:
+        admitted = []
         while self.waiting and self.free_rows:
             request, row = self.waiting.pop(0), self.free_rows.pop()
             request.row, request.started = row, time.perf_counter()
             self.target.cache.reset(row)
-            self.target.prefill(row, request.prompt_target_ids[:-1])
             self.last_target_id[row] = request.prompt_target_ids[-1]
             self.proposer.add_request(row, request.prompt, request.prompt_target_ids)
             self.running[row] = request
+            admitted.append(request)
+        if admitted:  # one padded forward for every prompt that joins now, not one per request
+            self.target.prefill_rows([r.row for r in admitted], [r.prompt_target_ids[:-1] for r in admitted])
 
     def _release(self, request: Request) -> None:
         row = request.row
@@ -142,10 +145,14 @@ class Engine:
         if all(p.greedy for p in params):
             return None
         dev = self.target.device
+        # None when no row truncates: logits_to_probs then skips its sort over the vocabulary (the costliest
+        # part of a sampling step on a 150k vocabulary).
+        use_top_k = any(p.top_k > 0 for p in params)
+        use_top_p = any(p.top_p < 1.0 for p in params)
         return SamplingBatch(
             temperature=torch.tensor([p.temperature for p in params], device=dev),
-            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.long, device=dev),
-            top_p=torch.tensor([p.top_p for p in params], device=dev),
+            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.long, device=dev) if use_top_k else None,
+            top_p=torch.tensor([p.top_p for p in params], device=dev) if use_top_p else None,
             randoms=[self.running[r].random for r in rows])
 
     # -- bookkeeping -------------------------------------------------------------------------------------------

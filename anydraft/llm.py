@@ -57,7 +57,14 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        requests = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        requests = []
+        try:
+            for prompt, request_params in zip(prompts, params):
+                requests.append(self.engine.add_request(prompt, request_params))
+        except Exception:
+            for request in requests:  # a refused prompt refuses the call: queue none of its prompts
+                self.engine.abort(request)
+            raise
         self.engine.run(progress)
         outputs = []
         for request in requests:

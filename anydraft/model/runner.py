@@ -81,9 +81,19 @@ class ModelRunner:
 
     def prefill(self, row: int, token_ids: list[int], chunk: int = 512) -> None:
         """Put a prompt into one row's cache (no logits needed: the last prompt token is fed by the step)."""
-        for start in range(0, len(token_ids), chunk):
-            piece = torch.tensor([token_ids[start:start + chunk]], dtype=torch.long, device=self.device)
-            self.forward([row], piece)
+        self.prefill_rows([row], [token_ids], chunk)
+
+    def prefill_rows(self, rows: list[int], token_ids: list[list[int]], chunk: int = 512) -> None:
+        """Prompts of several rows in one right-padded forward per chunk (rows joining a batch together).
+
+        Padding is written past a row's length, where it is masked and later overwritten.
+        """
+        for start in range(0, max((len(t) for t in token_ids), default=0), chunk):
+            pieces = [(row, ids[start:start + chunk]) for row, ids in zip(rows, token_ids) if len(ids) > start]
+            width = max(len(piece) for _, piece in pieces)
+            batch = torch.tensor([piece + [0] * (width - len(piece)) for _, piece in pieces], dtype=torch.long,
+                                 device=self.device)
+            self.forward([row for row, _ in pieces], batch, num_new=[len(piece) for _, piece in pieces])
 
     def cost_flops_per_token(self) -> dict:
         """Multiply-adds per decoded token, split into layers and output head (for reporting head savings)."""

@@ -21,6 +21,7 @@ class DraftModelProposer:
         self.vocab = vocab
         self.num_speculative_tokens = num_speculative_tokens
         self.states: dict[int, object] = {}
+        self.unfilled_rows: list[int] = []  # rows added since the last propose, prompt not in the cache yet
         self.device = runner.device
 
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
@@ -29,10 +30,12 @@ class DraftModelProposer:
             raise ValueError("the draft tokenizer turns this prompt into no tokens; give a non-empty prompt")
         self.states[row] = state
         self.runner.cache.reset(row)
-        self.runner.prefill(row, state.draft_ids[:-1])
+        self.unfilled_rows.append(row)  # prefilled at the next propose, together with every row joining now
 
     def remove_request(self, row: int) -> None:
         self.states.pop(row, None)
+        if row in self.unfilled_rows:
+            self.unfilled_rows.remove(row)
         self.runner.cache.reset(row)
 
     def _pending(self, row: int) -> list[int]:
@@ -46,6 +49,10 @@ class DraftModelProposer:
 
     def propose(self, rows: list[int], sampling: SamplingBatch | None) -> Proposal:
         k, runner = self.num_speculative_tokens, self.runner
+        if self.unfilled_rows:
+            # One padded forward over the prompts of the rows that joined (all but their last token).
+            runner.prefill_rows(self.unfilled_rows, [self.states[r].draft_ids[:-1] for r in self.unfilled_rows])
+            self.unfilled_rows = []
         pending = [self._pending(r) for r in rows]
         lengths = [len(p) for p in pending]
         width = max(lengths)

@@ -1,0 +1,31 @@
+"""Engine-layer fixtures: tiny random checkpoints built once per session (see tiny_models.py)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiny_models import TOKENIZERS, Checkpoints, LLMCache, gsm8k_questions
+
+if not TOKENIZERS.is_dir():
+    pytest.skip(f"real tokenizers not found at {TOKENIZERS}", allow_module_level=True)
+
+# Tiny models: one intra-op thread is faster than two (no spin-waiting), above all on a loaded machine.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory) -> Checkpoints:
+    return Checkpoints(tmp_path_factory.mktemp("checkpoints"))
+
+
+@pytest.fixture(scope="session")
+def llms() -> LLMCache:
+    return LLMCache()
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[str]:
+    """Mixed lengths (a few words to a full GSM8K question)."""
+    questions = gsm8k_questions(6, start=10)
+    return [" ".join(questions[0].split()[:3]), " ".join(questions[1].split()[:12]), questions[2],
+            " ".join(questions[3].split()[:25]), "Answer: 12 + 7 =", questions[5]]

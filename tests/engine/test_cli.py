@@ -1,0 +1,86 @@
+"""`anydraft generate` on tiny checkpoints: JSON token ids equal transformers' greedy generate on the target
+alone (an implementation we did not write), plain output, and exit code 2 on bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from anydraft.cli import main
+
+from tiny_models import tokenizer_of
+
+PROMPT = "Question: Natalia sold clips to 48 of her friends.\\nAnswer:"  # '\n' escaped as on a shell line
+MAX_TOKENS = 20
+
+
+def _generate(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["generate", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@torch.inference_mode()
+def transformers_greedy(model_dir, prompt: str, max_new_tokens: int) -> list[int]:
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
+    prompt_target_ids = tokenizer_of(model_dir).encode(prompt)  # our encoding (with BOS where the tokenizer adds it)
+    input_ids = torch.tensor([prompt_target_ids])
+    output = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                            max_new_tokens=max_new_tokens, pad_token_id=model.config.eos_token_id if isinstance(
+                                model.config.eos_token_id, int) else model.config.eos_token_id[0])
+    return output[0, len(prompt_target_ids):].tolist()
+
+
+@pytest.mark.parametrize("target, draft", [("qwen3_target", "llama2_draft"), ("llama2_target", "qwen3_draft")])
+def test_json_token_ids_equal_transformers_target_alone(ckpts, capsys, target, draft):
+    target_dir, draft_dir = getattr(ckpts, target), getattr(ckpts, draft)
+    code, out, err = _generate(capsys, "--target", str(target_dir), "--draft", str(draft_dir), "--json",
+                               "--dtype", "float64", "--device", "cpu", "--temperature", "0",
+                               "--max-tokens", str(MAX_TOKENS), PROMPT)
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["draft_info"]["vocab_mode"] == "tli"
+    expected_target_ids = transformers_greedy(target_dir, PROMPT.replace("\\n", "\n"), MAX_TOKENS)
+    assert result["token_ids"] == expected_target_ids
+    assert len(result["token_ids"]) == MAX_TOKENS or result["finish_reason"] == "stop"
+    assert result["metrics"]["target_forwards"] >= 1
+
+
+def test_plain_output_is_text_then_a_stats_line(ckpts, capsys):
+    code, out, err = _generate(capsys, "--target", str(ckpts.gpt2_target), "--draft", str(ckpts.gpt2_shuffled_draft),
+                               "--dtype", "float64", "--device", "cpu", "--max-tokens", "12", "-k", "3", PROMPT)
+    assert code == 0, err
+    _, json_out, _ = _generate(capsys, "--target", str(ckpts.gpt2_target), "--draft", str(ckpts.gpt2_shuffled_draft),
+                               "--dtype", "float64", "--device", "cpu", "--max-tokens", "12", "-k", "3", "--json",
+                               PROMPT)
+    assert out == json.loads(json_out)["text"] + "\n"
+    assert "tli" in err and "AL 4.00" in err  # the shuffled-vocabulary draft: every draft token accepted
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("bad_args, message", [
+    (["-k", "0"], "num_speculative_tokens must be an integer >= 1"),
+    (["--vocab-mode", "identity"], "vocab_mode 'identity' needs the same tokenizer"),
+    (["--dtype", "float8"], "dtype 'float8' is not supported"),
+    (["--device", "cuda"], "CUDA is not available"),
+    (["--max-tokens", "0"], "max_tokens must be >= 1"),
+    (["--draft", "/nonexistent/draft"], "/nonexistent/draft: not a checkpoint directory"),
+])
+def test_bad_input_exits_2_with_one_line(ckpts, capsys, bad_args, message):
+    if "cuda" in bad_args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    args = ["--target", str(ckpts.gpt2_target), "--draft", str(ckpts.gpt2_shuffled_draft), "--dtype", "float64",
+            "--device", "cpu", "--max-tokens", "4"]
+    # later flags win in argparse, so appending the bad one overrides the good default above
+    code, out, err = _generate(capsys, *args, *bad_args, "Hello")
+    assert code == 2
+    assert out == ""
+    assert err.startswith("anydraft generate: error:") and message in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_empty_prompt_exits_2(ckpts, capsys):
+    code, _, err = _generate(capsys, "--target", str(ckpts.gpt2_target), "--no-draft", "--device", "cpu", "")
+    assert code == 2 and "prompt is empty" in err and "Traceback" not in err

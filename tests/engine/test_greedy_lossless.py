@@ -1,0 +1,64 @@
+"""Greedy speculative output equals target-alone greedy output token for token (float64), in every vocab mode.
+
+The reference is the slow obvious decoder (full sequence through the target each step, no KV cache), so a
+bug in the engine's cache handling is caught even where it would hit target-alone decoding too.
+Drafts that agree only partly make the step accept some tokens and reject others, so rewinds and re-sync
+run on every step; those cases also assert the acceptance is strictly between none and all.
+"""
+from __future__ import annotations
+
+import pytest
+
+from anydraft.config import SamplingParams
+
+from tiny_models import reference_greedy
+
+# (case, target checkpoint, draft checkpoint, vocab mode auto must pick, k, draft agrees partly)
+CASES = [
+    ("identity_random", "smollm2_target", "smollm2_random_draft", "identity", 3, False),
+    ("identity_partial", "smollm2_target", "smollm2_noisy_draft", "identity", 3, True),
+    ("d2t_partial", "smollm2_target", "smollm2_d2t_draft", "d2t", 3, True),
+    ("tli_qwen3_target_llama2_draft", "qwen3_target", "llama2_draft", "tli", 3, False),
+    ("tli_llama2_target_qwen3_draft", "llama2_target", "qwen3_draft", "tli", 2, False),
+    ("tli_shuffled_partial", "gpt2_target", "gpt2_shuffled_noisy_draft", "tli", 4, True),
+]
+IDS = [c[0] for c in CASES]
+
+
+def _acceptance(outputs, k: int) -> tuple[float, int, int]:
+    forwards = sum(o.metrics["target_forwards"] for o in outputs)
+    accepted = sum(o.metrics["num_accepted"] for o in outputs)
+    return accepted / forwards, accepted, forwards
+
+
+@pytest.mark.parametrize("case, target, draft, mode, k, partial", CASES, ids=IDS)
+def test_batch_of_one_matches_target_alone(ckpts, llms, prompts, case, target, draft, mode, k, partial):
+    target_dir, draft_dir = getattr(ckpts, target), getattr(ckpts, draft)
+    llm = llms.get(target_dir, draft_dir, k=k)
+    assert llm.draft_info["vocab_mode"] == mode
+    prompt = prompts[2]
+    [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=32))
+    expected_target_ids = reference_greedy(target_dir, prompt, 32)
+    assert out.token_ids == expected_target_ids
+    assert out.finish_reason == ("stop" if len(expected_target_ids) < 32 else "length")
+    assert out.metrics["vocab_mode"] == mode
+    assert 1 <= out.metrics["acceptance_length"] <= k + 1
+
+
+@pytest.mark.parametrize("case, target, draft, mode, k, partial", CASES, ids=IDS)
+def test_mixed_length_batch_matches_target_alone(ckpts, llms, prompts, case, target, draft, mode, k, partial):
+    """Six prompts over four cache rows: rows are reused as requests finish (continuous batching)."""
+    target_dir, draft_dir = getattr(ckpts, target), getattr(ckpts, draft)
+    llm = llms.get(target_dir, draft_dir, k=k, max_num_seqs=4)
+    max_tokens = [24, 17, 30, 24, 9, 24]
+    outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
+    for prompt, n, out in zip(prompts, max_tokens, outputs):
+        assert out.token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
+    acceptance, accepted, forwards = _acceptance(outputs, k)
+    print(f"\n[{case}] k={k} accepted {accepted} over {forwards} target forwards: "
+          f"mean accepted/step {acceptance:.2f}, AL {1 + acceptance:.2f}")
+    if partial:
+        # The draft agrees partly: some steps accept, others reject (the check could fail either way).
+        assert 0 < acceptance < k, f"mean accepted per step {acceptance:.2f} not strictly inside (0, {k})"
+        per_step = [o.metrics["acceptance_by_position"] for o in outputs]
+        assert any(p[0] > 0 for p in per_step) and any(p[-1] < 1 for p in per_step)

@@ -1,0 +1,138 @@
+"""Per-request behaviour: stop conditions inside a multi-token step, seeded sampling, and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anydraft.config import SamplingParams
+from anydraft.llm import LLM
+
+from tiny_models import EOS_PROMPT, make_d2t_draft, read_checkpoint, reference_greedy, tokenizer_of
+
+
+# -- stop conditions ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("max_tokens", [1, 7])
+def test_max_tokens_cuts_inside_a_step(ckpts, llms, prompts, max_tokens):
+    """The identical draft makes every step emit k+1 = 5 tokens; the request still gets exactly max_tokens."""
+    llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_target, k=4)
+    outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    for prompt, out in zip(prompts, outputs):
+        assert len(out.token_ids) == max_tokens
+        assert out.finish_reason == "length"
+        assert out.token_ids == reference_greedy(ckpts.gpt2_target, prompt, max_tokens)
+        assert out.text == llm.tokenizer.decode(out.token_ids)
+
+
+def test_stop_string_cuts_text_and_finishes(ckpts, llms, prompts):
+    """TLI with full acceptance (shuffled vocabulary): the stop string appears in the middle of a step."""
+    llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, k=3)
+    [free] = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    # A stop string made of two tokens from the middle of the free-running text (not at a step boundary).
+    stop = llm.tokenizer.decode(free.token_ids[9:11])
+    assert stop and stop in free.text
+    expected_text = free.text[:free.text.find(stop)]
+    [out] = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                     stop=["<never appears>", stop]))
+    assert out.finish_reason == "stop"
+    assert out.text == expected_text
+    assert stop not in out.text
+    assert len(out.token_ids) < 24
+    assert out.token_ids == free.token_ids[:len(out.token_ids)]
+
+
+@pytest.mark.parametrize("draft", ["itself", "none"])
+def test_eos_ends_the_request(ckpts, llms, draft):
+    """The target emits EOS within a few tokens; with itself as draft, EOS is accepted mid-step and the
+    tokens drafted after it are dropped."""
+    target_dir = ckpts.gpt2_eos_target
+    eos = tokenizer_of(target_dir).eos_token_ids[0]
+    expected_target_ids = reference_greedy(target_dir, EOS_PROMPT, 24)
+    assert expected_target_ids[-1] == eos and 2 <= len(expected_target_ids) <= 6
+    llm = llms.get(target_dir, target_dir if draft == "itself" else None, k=4)
+    [out] = llm.generate([EOS_PROMPT], SamplingParams(temperature=0, max_tokens=24))
+    assert out.token_ids == expected_target_ids
+    assert out.finish_reason == "stop"
+    [ignored] = llm.generate([EOS_PROMPT], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert ignored.finish_reason == "length" and len(ignored.token_ids) == 24
+    assert ignored.token_ids[:len(expected_target_ids)] == expected_target_ids
+
+
+# -- seeded sampling ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("draft", ["small_noisy_draft", "small_tli_draft"])
+def test_seeded_request_reproduces_whatever_its_batch_mates(ckpts, llms, prompts, draft):
+    llm = llms.get(ckpts.small_target, getattr(ckpts, draft), k=3, max_num_seqs=4, dtype="float32")
+    seeded = SamplingParams(temperature=1.0, max_tokens=12, seed=1234)
+    [alone] = llm.generate([prompts[0]], seeded)
+    mates = [SamplingParams(temperature=1.0, max_tokens=20, seed=5), SamplingParams(temperature=0, max_tokens=12),
+             SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16), SamplingParams(temperature=1.3, max_tokens=3)]
+    batch = llm.generate([prompts[2], prompts[1], prompts[0], prompts[3], prompts[0]], mates[:2] + [seeded] + mates[2:])
+    assert batch[2].token_ids == alone.token_ids
+    # Joining a batch already running (six requests over four rows: it gets a row another request left).
+    late = llm.generate([prompts[3]] * 5 + [prompts[0]], [mates[0]] * 5 + [seeded])
+    assert late[5].token_ids == alone.token_ids
+    # Other seeds give other samples (so the equalities above are not trivially true).
+    others = llm.generate([prompts[0]] * 4, [SamplingParams(temperature=1.0, max_tokens=12, seed=s) for s in range(4)])
+    assert any(o.token_ids != alone.token_ids for o in others)
+
+
+# -- bad input ------------------------------------------------------------------------------------------------
+def _llm(target, draft=None, **spec):
+    config = None if draft is None else {"model": str(draft), **spec}
+    return LLM(model=str(target), speculative_config=config, dtype="float64", device="cpu", max_num_seqs=2,
+               max_model_len=64)
+
+
+def test_identity_mode_with_another_tokenizer_is_refused(ckpts):
+    with pytest.raises(ValueError, match="identity.*same tokenizer.*tli"):
+        _llm(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, vocab_mode="identity")
+
+
+def test_d2t_table_out_of_range_is_refused(ckpts, tmp_path):
+    _, state = read_checkpoint(ckpts.smollm2_d2t_draft)
+    from safetensors.torch import load_file
+    tables = load_file(str(ckpts.smollm2_d2t_draft / "d2t.safetensors"))
+    bad_d2t = tables["d2t"].clone()
+    bad_d2t[-1] += 10_000  # the last draft row now maps past the target's 49152 rows
+    bad_draft = make_d2t_draft(ckpts.smollm2_target, tmp_path / "bad_d2t", num_head_rows=len(bad_d2t), noise=0.0,
+                               seed=0, d2t_tensors={"d2t": bad_d2t, "t2d": tables["t2d"]})
+    with pytest.raises(ValueError, match=r"d2t\[\d+\].*outside \[0, 49152\)"):
+        _llm(ckpts.smollm2_target, bad_draft)
+
+
+def test_d2t_mode_without_tables_is_refused(ckpts):
+    with pytest.raises(ValueError, match="d2t.*tables"):
+        _llm(ckpts.smollm2_target, ckpts.smollm2_noisy_draft, vocab_mode="d2t")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
+    ({"num_speculative_tokens": -2}, "num_speculative_tokens must be an integer >= 1"),
+    ({"vocab_mode": "bytes"}, "vocab_mode 'bytes' is unknown; use one of"),
+    ({"dtype": "float8"}, "dtype 'float8' is not supported"),
+    ({"lookahead": 3}, "unknown keys"),
+])
+def test_bad_speculative_config_is_refused(ckpts, spec, message):
+    with pytest.raises(ValueError, match=message):
+        _llm(ckpts.small_target, ckpts.small_noisy_draft, **spec)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_draft_device_that_is_missing_is_refused(ckpts):
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        _llm(ckpts.small_target, ckpts.small_noisy_draft, device="cuda")
+
+
+def test_bad_prompts_are_refused_and_leave_nothing_behind(ckpts, llms):
+    llm = llms.get(ckpts.small_target, ckpts.small_noisy_draft, k=3, max_num_seqs=4, max_model_len=64)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        llm.generate([""], greedy)
+    long_prompt = "one two three four five six seven eight nine ten " * 8
+    with pytest.raises(ValueError, match="too long for max_model_len 64"):
+        llm.generate(["A fine prompt", long_prompt], greedy)
+    with pytest.raises(ValueError, match="sampling_params"):
+        llm.generate(["a", "b"], [greedy])
+    # The fine prompt of the refused call is not left queued: the next call returns only its own outputs.
+    assert not llm.engine.has_unfinished()
+    outputs = llm.generate(["Another prompt"], greedy)
+    assert len(outputs) == 1 and outputs[0].token_ids == reference_greedy(ckpts.small_target, "Another prompt", 8)

@@ -1,0 +1,133 @@
+"""Sampling with speculation draws from the target's distribution: chi-square tests on thousands of samples.
+
+The target is peaked (scaled head), so a handful of tokens carry most of the mass; rarer tokens are binned
+together. Its vocabulary is GPT-2 cut to 1024 merges (1281 tokens, 1296 rows) so that drawing noise over the
+vocabulary stays cheap. Drafts: a noisy copy (identity) and a copy on another tokenizer (GPT-2 cut to 768
+merges, ids shuffled: TLI with 256 target tokens outside the intersection). Both disagree with the target
+often (total variation ~0.5), so recovered tokens come from the residual max(p - q, 0) in many steps.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chi2_contingency, chisquare
+
+from anydraft.config import SamplingParams
+
+from tiny_models import reference_first_token_probs, tokenizer_of
+
+P_VALUE_MIN = 1e-3
+NUM_SAMPLES = 3072
+K = 3
+PROMPT = "The answer is"
+SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000}
+
+
+def goodness_of_fit(target_ids: list[int], probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """p-value of the observed first tokens against exact probabilities; tokens expected < 5 times are binned."""
+    n = len(target_ids)
+    counts = Counter(target_ids)
+    expected = probs.double() * n
+    big = torch.nonzero(expected >= min_expected).flatten().tolist()
+    observed = [counts[t] for t in big]
+    expected_big = [float(expected[t]) for t in big]
+    rest_observed, rest_expected = n - sum(observed), n - sum(expected_big)
+    if rest_expected > 0:
+        observed.append(rest_observed)
+        expected_big.append(rest_expected)
+    return float(chisquare(observed, expected_big).pvalue)
+
+
+def two_sample(a: list, b: list, min_count: int = 10) -> float:
+    """p-value that two samples come from one distribution (contingency table; rare outcomes binned)."""
+    count_a, count_b = Counter(a), Counter(b)
+    keys = [key for key in count_a.keys() | count_b.keys() if count_a[key] + count_b[key] >= min_count]
+    row_a = [count_a[key] for key in keys]
+    row_b = [count_b[key] for key in keys]
+    rest_a, rest_b = len(a) - sum(row_a), len(b) - sum(row_b)
+    if rest_a + rest_b > 0:
+        row_a.append(rest_a)
+        row_b.append(rest_b)
+    return float(chi2_contingency([row_a, row_b]).pvalue)
+
+
+@pytest.fixture(scope="module")
+def samples(ckpts, llms):
+    """(first, second) target ids of NUM_SAMPLES requests per setting, each request seeded differently."""
+    cache = {}
+
+    def get(kind: str, temperature: float = 1.0, top_k: int = 0):
+        key = (kind, temperature, top_k)
+        if key not in cache:
+            draft = {"target_alone": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft}[kind]
+            llm = llms.get(ckpts.small_target, draft, k=K, max_num_seqs=64, dtype="float32")
+            seed = SEED_BASE[kind] + int(temperature * 1000) + top_k
+            params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=2, seed=seed + i)
+                      for i in range(NUM_SAMPLES)]
+            outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
+            assert all(len(o.token_ids) == 2 or o.finish_reason == "stop" for o in outputs)
+            forwards = sum(o.metrics["target_forwards"] for o in outputs)
+            accepted = sum(o.metrics["num_accepted"] for o in outputs)
+            print(f"\n[{kind} T={temperature} top_k={top_k}] mean accepted per step {accepted / forwards:.2f} "
+                  f"(k={K if draft else 0})")
+            if draft is not None:
+                # Drafts agree partly: the accept test and the residual draw both run.
+                assert 0 < accepted / forwards < K
+            cache[key] = [tuple(o.token_ids[:2]) + (None,) * (2 - len(o.token_ids)) for o in outputs]
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", ["target_alone", "identity", "tli"])
+def test_first_token_follows_exact_target_softmax(ckpts, samples, kind):
+    first_target_ids = [pair[0] for pair in samples(kind)]
+    probs = reference_first_token_probs(ckpts.small_target, PROMPT)
+    assert all(probs[t] > 0 for t in first_target_ids), "a token of probability 0 (padding row?) was sampled"
+    assert max(first_target_ids) < tokenizer_of(ckpts.small_target).vocab_size
+    p_value = goodness_of_fit(first_target_ids, probs)
+    print(f"\n[{kind}] first token vs exact softmax: p = {p_value:.3g}")
+    assert p_value > P_VALUE_MIN
+
+
+@pytest.mark.parametrize("kind", ["identity", "tli"])
+def test_first_two_tokens_match_target_alone(samples, kind):
+    """Joint (first, second) distribution: the second token is an accepted draft or a recovered/bonus one."""
+    p_value = two_sample(samples(kind), samples("target_alone"))
+    print(f"\n[{kind}] first two tokens vs target alone: p = {p_value:.3g}")
+    assert p_value > P_VALUE_MIN
+
+
+def test_truncated_sampling_follows_truncated_target(ckpts, samples):
+    """temperature 0.7 and top_k 5 on both sides (TLI): p is the target's truncated, renormalized softmax."""
+    first_target_ids = [pair[0] for pair in samples("tli", temperature=0.7, top_k=5)]
+    probs = reference_first_token_probs(ckpts.small_target, PROMPT, temperature=0.7)
+    top = probs.topk(5).indices
+    truncated = torch.zeros_like(probs)
+    truncated[top] = probs[top] / probs[top].sum()
+    assert set(first_target_ids) <= set(top.tolist())
+    p_value = goodness_of_fit(first_target_ids, truncated)
+    print(f"\n[tli T=0.7 top_k=5] first token vs truncated softmax: p = {p_value:.3g}")
+    assert p_value > P_VALUE_MIN
+
+
+def test_statistic_detects_a_wrong_distribution(ckpts, samples):
+    """Negative controls at the same sample size: the tests above could fail."""
+    generator = torch.Generator().manual_seed(7)
+    target_probs = reference_first_token_probs(ckpts.small_target, PROMPT)
+    # What a verifier that accepts every draft token would emit: the draft's own distribution.
+    draft_probs = reference_first_token_probs(ckpts.small_noisy_draft, PROMPT)
+    draft_first_ids = torch.multinomial(draft_probs, NUM_SAMPLES, replacement=True, generator=generator).tolist()
+    assert goodness_of_fit(draft_first_ids, target_probs) < P_VALUE_MIN
+    assert two_sample(draft_first_ids, [pair[0] for pair in samples("target_alone")]) < P_VALUE_MIN
+    # A subtler bug: the target's distribution at temperature 1.2 instead of 1.
+    warm_probs = reference_first_token_probs(ckpts.small_target, PROMPT, temperature=1.2)
+    warm_first_ids = torch.multinomial(warm_probs, NUM_SAMPLES, replacement=True, generator=generator).tolist()
+    p_value = goodness_of_fit(warm_first_ids, target_probs)
+    print(f"\n[control] temperature 1.2 samples vs target softmax: p = {p_value:.3g}")
+    assert p_value < P_VALUE_MIN
+    # ...while exact target samples pass the same test.
+    exact_first_ids = torch.multinomial(target_probs, NUM_SAMPLES, replacement=True, generator=generator).tolist()
+    assert goodness_of_fit(exact_first_ids, target_probs) > P_VALUE_MIN
