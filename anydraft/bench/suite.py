@@ -86,6 +86,8 @@ def run_bench(cfg: BenchConfig) -> dict:
     skipped: dict[str, str] = {}
 
     def add(name: str, system: str, result: dict) -> dict:
+        if cfg.inflate is not None:
+            name += " [emulated target]"   # every output says so, not only the header
         result.update({"name": name, "system": system})
         runs.append(result)
         _log(f"{name}: {result['tokens_per_second_median']:.1f} tok/s (median), AL {result['acceptance_length']}")

@@ -6,9 +6,13 @@ import datetime
 import json
 from pathlib import Path
 
-from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..model.loader import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
 
-DEFAULT_SAME_VOCAB_DRAFT = "qwen3-draft"
+
+
+def default_same_vocab_draft(target: str) -> str | None:
+    """The shipped draft of the target's own family: qwen3-target -> qwen3-draft, smollm2-target -> smollm2-draft."""
+    return target.removesuffix("-target") + "-draft" if target in BUILTIN_MODELS and target.endswith("-target") else None
 
 
 def _ks(text: str) -> list[int]:
@@ -30,8 +34,9 @@ def add_parser(sub) -> None:
                                    "alone and the cost-model ideal AL*T_target/(T_verify + k*T_draft).")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft of another vocabulary (TLI)")
-    p.add_argument("--same-vocab-draft", default=DEFAULT_SAME_VOCAB_DRAFT,
-                   help="draft sharing the target's tokenizer; 'none' to skip")
+    p.add_argument("--same-vocab-draft", default=None,
+                   help="draft sharing the target's tokenizer (default: the shipped draft of the target's family, "
+                        "e.g. qwen3-draft for qwen3-target); 'none' to skip")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--max-tokens", type=int, default=128)
@@ -69,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--peers: unknown {sorted(unknown)}; use hf, vllm or none")
     inflate = parse_inflate_spec(args.inflate_target) if args.inflate_target else None
+    same_vocab_draft = args.same_vocab_draft or default_same_vocab_draft(args.target)
+    if same_vocab_draft == "none":
+        same_vocab_draft = None
     cfg = BenchConfig(target=args.target, draft=args.draft,
-                      same_vocab_draft=None if args.same_vocab_draft in (None, "none") else args.same_vocab_draft,
+                      same_vocab_draft=same_vocab_draft,
                       k=args.num_speculative_tokens, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                       repeats=args.repeats, temperature=args.temperature, dtype=args.dtype, inflate=inflate,
                       peers=peers, vllm_python=args.vllm_python, sweep_ks=_ks(args.sweep_k), threads=args.threads,
