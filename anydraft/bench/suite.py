@@ -33,6 +33,7 @@ class BenchConfig:
     num_prompts: int = 10
     max_tokens: int = 128
     repeats: int = 3
+    peer_repeats: int = 3
     temperature: float = 0.0
     dtype: str = "bfloat16"
     inflate: InflateSpec | None = None
@@ -137,11 +138,11 @@ def run_bench(cfg: BenchConfig) -> dict:
             try:
                 _log("HF transformers target alone")
                 hf = HFPeer(target_path, None, cfg.dtype)
-                add("HF target alone", "hf", hf.measure(prompt_target_ids, 0, cfg.max_tokens, cfg.repeats,
+                add("HF target alone", "hf", hf.measure(prompt_target_ids, 0, cfg.max_tokens, cfg.peer_repeats,
                                                         cfg.temperature))
                 hf = HFPeer(target_path, draft_path, cfg.dtype)
                 _log(f"HF assisted generation with {cfg.draft}")
-                result = hf.measure(prompt_target_ids, cfg.k, cfg.max_tokens, cfg.repeats, cfg.temperature)
+                result = hf.measure(prompt_target_ids, cfg.k, cfg.max_tokens, cfg.peer_repeats, cfg.temperature)
                 add(f"HF assisted ({result['hf_path']})", "hf", result)
                 del hf
             except ImportError as e:
@@ -156,8 +157,8 @@ def run_bench(cfg: BenchConfig) -> dict:
         else:
             for name, draft in (("vLLM target alone", None), ("vLLM TLI", draft_path)):
                 _log(name)
-                result = run_vllm(python, target_path, draft, cfg.k, prompt_target_ids, cfg.max_tokens, cfg.repeats,
-                                  cfg.temperature, cfg.dtype, cfg.threads)
+                result = run_vllm(python, target_path, draft, cfg.k, prompt_target_ids, cfg.max_tokens,
+                                  cfg.peer_repeats, cfg.temperature, cfg.dtype, cfg.threads)
                 if "skipped" in result:
                     skipped[name] = result["skipped"]
                     _log(f"{name} skipped: {result['skipped']}")
@@ -184,7 +185,8 @@ def run_bench(cfg: BenchConfig) -> dict:
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch_threads": cfg.threads,
                     "torch": torch.__version__, "python": platform.python_version()},
         "config": {"target_name": cfg.target, "draft_name": cfg.draft, "same_vocab_draft_name": cfg.same_vocab_draft,
-                   "k": cfg.k, "num_prompts": len(prompts), "max_tokens": cfg.max_tokens, "repeats": cfg.repeats,
+                   "k": cfg.k, "num_prompts": len(prompts), "max_tokens": cfg.max_tokens,
+                   "repeats": cfg.repeats, "peer_repeats": cfg.peer_repeats,
                    "temperature": cfg.temperature, "dtype": cfg.dtype, "batch_size": 1,
                    "prompts": "first N GSM8K test questions as 'Question: {q}\\nAnswer:' (no shots)",
                    "inflate_target": None if cfg.inflate is None else str(cfg.inflate),

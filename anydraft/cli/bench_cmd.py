@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="timed passes over all prompts (after one warm-up)")
+    p.add_argument("--peer-repeats", type=int, default=None,
+                   help="timed passes for the HF and vLLM peers (default: --repeats; HF's UAG is slow on CPU)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (HF: UAG path); > 0 samples (HF: its TLI path; vLLM's TLI drafts greedily)")
     p.add_argument("--dtype", default="bfloat16")
@@ -80,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = BenchConfig(target=args.target, draft=args.draft,
                       same_vocab_draft=same_vocab_draft,
                       k=args.num_speculative_tokens, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
-                      repeats=args.repeats, temperature=args.temperature, dtype=args.dtype, inflate=inflate,
+                      repeats=args.repeats, peer_repeats=args.peer_repeats or args.repeats,
+                      temperature=args.temperature, dtype=args.dtype, inflate=inflate,
                       peers=peers, vllm_python=args.vllm_python, sweep_ks=_ks(args.sweep_k), threads=args.threads,
                       data_dir=args.data)
     result = run_bench(cfg)
