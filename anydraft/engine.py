@@ -98,10 +98,12 @@ class Engine:
     # -- the step ----------------------------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """One speculative step over every running row; returns the requests that finished in it."""
-        self._admit()
+        t_admit = time.perf_counter()
+        self._admit()                                                                      # target prefill
         rows = sorted(self.running)
         if not rows:
             return []
+        step_requests = [self.running[r] for r in rows]
         t0 = time.perf_counter()
         sampling = self._sampling_batch(rows)
         proposal = self.proposer.propose(rows, sampling)                                   # [B, k] target ids
@@ -114,9 +116,11 @@ class Engine:
         self.proposer.observe(rows, num_accepted, new_target_ids)
         finished = self._record(rows, num_accepted, new_target_ids)
         t3 = time.perf_counter()
-        self.stats.draft_seconds += t1 - t0
-        self.stats.target_seconds += t2 - t1
-        self.stats.other_seconds += t3 - t2
+        # Every request of the step waited through all of it: each gets the step's split, and so does the total.
+        for stats in [self.stats] + [r.stats for r in step_requests]:
+            stats.draft_seconds += t1 - t0
+            stats.target_seconds += (t2 - t1) + (t0 - t_admit)
+            stats.other_seconds += t3 - t2
         return finished
 
     def _target_forward(self, rows: list[int], proposal: Proposal) -> torch.Tensor:

@@ -25,7 +25,7 @@ def llms() -> LLMCache:
 
 @pytest.fixture(scope="session")
 def prompts() -> list[str]:
-    """Mixed lengths (a few words to a full GSM8K question)."""
+    """Mixed lengths (one word, often a single token, to a full GSM8K question)."""
     questions = gsm8k_questions(6, start=10)
-    return [" ".join(questions[0].split()[:3]), " ".join(questions[1].split()[:12]), questions[2],
+    return [questions[0].split()[0], " ".join(questions[1].split()[:12]), questions[2],
             " ".join(questions[3].split()[:25]), "Answer: 12 + 7 =", questions[5]]

@@ -67,6 +67,7 @@ def test_seeded_request_reproduces_whatever_its_batch_mates(ckpts, llms, prompts
              SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16), SamplingParams(temperature=1.3, max_tokens=3)]
     batch = llm.generate([prompts[2], prompts[1], prompts[0], prompts[3], prompts[0]], mates[:2] + [seeded] + mates[2:])
     assert batch[2].token_ids == alone.token_ids
+    assert batch[1].token_ids == reference_greedy(ckpts.small_target, prompts[1], 12)  # the greedy batch-mate
     # Joining a batch already running (six requests over four rows: it gets a row another request left).
     late = llm.generate([prompts[3]] * 5 + [prompts[0]], [mates[0]] * 5 + [seeded])
     assert late[5].token_ids == alone.token_ids
