@@ -20,11 +20,14 @@ class KVCache:
 
     Entries past a row's length are stale: they are masked out of attention and overwritten by the next
     write, so rewinding is only lowering the length.
+
+    One extra slot per row past max_len takes the padding of right-padded batches: a row whose real tokens
+    end near max_len can share a forward with a row that has more new tokens, its padding lands there.
     """
 
     def __init__(self, num_layers: int, max_batch: int, max_len: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
-        shape = (num_layers, max_batch, max_len, num_kv_heads, head_dim)
+        shape = (num_layers, max_batch, max_len + 1, num_kv_heads, head_dim)   # + the padding slot
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_batch = max_batch
@@ -49,16 +52,26 @@ class KVCache:
     def reset(self, row: int) -> None:
         self.lengths[row] = 0
 
-    def window(self, rows: list[int] | None, num_new: int) -> CacheWindow:
-        """Positions and mask for appending num_new tokens to each of `rows` (None = every slot)."""
+    def room(self, row: int) -> int:
+        """How many more tokens the row can take."""
+        return self.max_len - self.lengths[row]
+
+    def window(self, rows: list[int] | None, num_new: int, num_real: list[int] | None = None) -> CacheWindow:
+        """Positions and mask for appending num_new tokens to each of `rows` (None = every slot).
+
+        num_real[b] < num_new: row b is right-padded; its padding may run past max_len (into the padding slot).
+        """
         row_list = list(range(self.max_batch)) if rows is None else rows
         lengths = [self.lengths[r] for r in row_list]
-        end = max(lengths) + num_new
-        if end > self.max_len:
-            raise ValueError(f"sequence would reach {end} tokens, past the cache's max_len {self.max_len}; "
+        real = [num_new] * len(row_list) if num_real is None else num_real
+        real_end = max(length + n for length, n in zip(lengths, real))
+        if real_end > self.max_len:
+            raise ValueError(f"sequence would reach {real_end} tokens, past the cache's max_len {self.max_len}; "
                              f"raise max_model_len or shorten the prompt / max_tokens")
+        end = min(max(lengths) + num_new, self.max_len + 1)
         lengths_t = torch.tensor(lengths, dtype=torch.long).to(self.device, non_blocking=True)
         positions = lengths_t[:, None] + torch.arange(num_new, device=self.device)[None, :]   # [B, S]
+        positions = positions.clamp(max=self.max_len)  # padding past max_len all goes to the padding slot
         key_pos = torch.arange(end, device=self.device)
         mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]                       # [B, 1, S, T]
         rows_t = None if rows is None else torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)

@@ -66,7 +66,7 @@ class ModelRunner:
         num_new[b] < S means row b's input is right-padded: only its first num_new[b] tokens are kept.
         """
         seq_len = input_ids.shape[1]
-        win = self.cache.window(rows, seq_len)
+        win = self.cache.window(rows, seq_len, num_new)
         hidden = self.model(input_ids, self.cache, win)
         self.cache.advance(rows, num_new if num_new is not None else seq_len)
         return hidden

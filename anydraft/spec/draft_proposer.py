@@ -1,12 +1,16 @@
 """DraftModelProposer: a draft model that writes k tokens per row, whatever its vocabulary (see draft_vocab)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..model.runner import ModelRunner
 from .draft_vocab import DraftVocab
 from .proposer import Proposal, SamplingBatch
 from .sampling import logits_to_probs, sample_from_probs
+
+FULL_ROW_PROPOSAL = 0  # target id proposed by a row whose draft cache is full (any id would do: it is verified)
 
 
 class DraftModelProposer:
@@ -51,9 +55,40 @@ class DraftModelProposer:
         k, runner = self.num_speculative_tokens, self.runner
         if self.unfilled_rows:
             # One padded forward over the prompts of the rows that joined (all but their last token).
-            runner.prefill_rows(self.unfilled_rows, [self.states[r].draft_ids[:-1] for r in self.unfilled_rows])
+            fits = [r for r in self.unfilled_rows if len(self.states[r].draft_ids) + k - 1 <= runner.cache.max_len]
+            if fits:
+                runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
             self.unfilled_rows = []
         pending = [self._pending(r) for r in rows]
+        # Another tokenizer may spell the text in many more tokens than the target's, so a row's draft sequence
+        # can outgrow the draft cache. Such a row stops drafting: it proposes a fixed token (q one-hot on it),
+        # which verification handles like any proposal, so the output stays the target's.
+        live = [i for i, (r, p) in enumerate(zip(rows, pending)) if len(p) + k - 1 <= runner.cache.room(r)]
+        if len(live) == len(rows):
+            return self._draft(rows, pending, sampling)
+        batch = len(rows)
+        draft_target_ids = torch.full((batch, k), FULL_ROW_PROPOSAL, dtype=torch.long, device=self.device)
+        draft_probs = None
+        if sampling is not None:
+            draft_probs = torch.zeros(batch, k, self.vocab.target_vocab_rows, device=self.device)
+            draft_probs[..., FULL_ROW_PROPOSAL] = 1.0
+        if live:
+            index = torch.tensor(live, device=self.device)
+            live_sampling = None if sampling is None else replace(
+                sampling, temperature=sampling.temperature[index],
+                top_k=None if sampling.top_k is None else sampling.top_k[index],
+                top_p=None if sampling.top_p is None else sampling.top_p[index],
+                randoms=[sampling.randoms[i] for i in live])
+            drafted = self._draft([rows[i] for i in live], [pending[i] for i in live], live_sampling)
+            draft_target_ids[index] = drafted.draft_target_ids
+            if draft_probs is not None:
+                draft_probs = draft_probs.to(drafted.draft_probs.dtype)
+                draft_probs[index] = drafted.draft_probs
+        return Proposal(draft_target_ids, draft_probs)
+
+    def _draft(self, rows: list[int], pending: list[list[int]], sampling: SamplingBatch | None) -> Proposal:
+        """Feed each row's pending draft ids, then write k tokens (k - 1 more single-token forwards)."""
+        k, runner = self.num_speculative_tokens, self.runner
         lengths = [len(p) for p in pending]
         width = max(lengths)
         draft_input = torch.tensor([p + [0] * (width - len(p)) for p in pending], dtype=torch.long, device=self.device)

@@ -137,3 +137,31 @@ def test_bad_prompts_are_refused_and_leave_nothing_behind(ckpts, llms):
     assert not llm.engine.has_unfinished()
     outputs = llm.generate(["Another prompt"], greedy)
     assert len(outputs) == 1 and outputs[0].token_ids == reference_greedy(ckpts.small_target, "Another prompt", 8)
+
+
+# -- a draft sequence longer than the draft's cache ------------------------------------------------------------
+def test_draft_outgrowing_its_cache_keeps_generating_the_target_text(ckpts, llms, monkeypatch):
+    """qwen3 target (random: long multi-byte tokens) with a draft on GPT-2 cut to 768 merges, which spells
+    that text in several tokens per target token: the draft's sequence outgrows its cache (2 * 64 + 64)
+    long before the target's reaches max_model_len 64. The row then stops drafting; output is unchanged."""
+    llm = llms.get(ckpts.qwen3_target, ckpts.small_tli_draft, k=3, max_num_seqs=2, max_model_len=64)
+    proposer = llm.proposer
+    longest = [0]
+    real_observe = proposer.observe
+
+    def observe(rows, num_accepted, new_target_ids):
+        real_observe(rows, num_accepted, new_target_ids)
+        longest[0] = max([longest[0]] + [len(proposer.states[r].draft_ids) for r in rows])
+
+    monkeypatch.setattr(proposer, "observe", observe)
+    # Over two rows: "A" runs long; the other two join the batch one after the other while its draft is full.
+    prompts = ["Hello world", "A", "Tom has 3 apples"]
+    params = [SamplingParams(temperature=0, max_tokens=200), SamplingParams(temperature=0, max_tokens=6),
+              SamplingParams(temperature=1.0, max_tokens=20, seed=3)]
+    outputs = llm.generate(prompts, params)
+    assert longest[0] > proposer.runner.cache.max_len
+    assert outputs[0].finish_reason == "length" and len(outputs[0].token_ids) >= 50
+    for prompt, out in zip(prompts[:2], outputs[:2]):
+        assert out.token_ids == reference_greedy(ckpts.qwen3_target, prompt, len(out.token_ids))
+    assert len(outputs[2].token_ids) == 20 or outputs[2].finish_reason == "stop"
+    assert not llm.engine.has_unfinished()
