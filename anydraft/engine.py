@@ -40,7 +40,10 @@ class Engine:
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, proposer: Proposer, max_model_len: int):
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.k = proposer.num_speculative_tokens
-        self.max_model_len = max_model_len
+        # Prompt + output tokens per request. The target cache holds all but the last of them plus the k+1 of a
+        # verification forward, so it needs max_model_len + k entries (LLM allocates that): then speculative
+        # and target-alone decoding stop at the same length.
+        self.max_model_len = min(max_model_len, target.cache.max_len - self.k)
         self.free_rows = list(range(target.cache.max_batch))[::-1]
         self.waiting: list[Request] = []
         self.running: dict[int, Request] = {}            # row -> request
@@ -54,9 +57,10 @@ class Engine:
         prompt_target_ids = self.tokenizer.encode(prompt)
         if not prompt or not prompt_target_ids:
             raise ValueError("prompt is empty; give at least one token of text")
-        if len(prompt_target_ids) + self.k + 1 > self.max_model_len:
+        if len(prompt_target_ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(prompt_target_ids)} tokens, too long for max_model_len "
-                             f"{self.max_model_len} with k={self.k}; raise max_model_len or shorten the prompt")
+                             f"{self.max_model_len} (prompt and output together); raise max_model_len or shorten "
+                             f"the prompt")
         request = Request(self._next_id, prompt, prompt_target_ids, params, RowRandom(params.seed), SpecStats(self.k))
         self._next_id += 1
         self.waiting.append(request)
@@ -171,8 +175,6 @@ class Engine:
                 self._append(request, target_id)
                 if request.finished:
                     break
-            if not request.finished and self.target.cache.length(row) + self.k + 2 > self.max_model_len:
-                request.finish_reason = "length"
             if request.finished:
                 self._release(request)
                 finished.append(request)
@@ -185,7 +187,8 @@ class Engine:
         params = request.params
         if target_id in self.eos_ids and not params.ignore_eos:
             request.finish_reason = "stop"
-        elif len(request.output_target_ids) >= params.max_tokens:
+        elif (len(request.output_target_ids) >= params.max_tokens
+              or len(request.prompt_target_ids) + len(request.output_target_ids) >= self.max_model_len):
             request.finish_reason = "length"
         if params.stop or request.finished:
             request.text = self.tokenizer.decode(request.output_target_ids)

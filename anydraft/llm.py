@@ -38,7 +38,9 @@ class LLM:
         torch_dtype, torch_device = parse_dtype(dtype), resolve_device(device)
         target_path = resolve_model_path(model)
         self.tokenizer = Tokenizer.from_dir(tokenizer or target_path)
-        self.target = ModelRunner.load(target_path, torch_dtype, torch_device, max_num_seqs, max_model_len,
+        k = 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
+        # + k: room for a verification forward's k+1 tokens when the sequence is one short of max_model_len.
+        self.target = ModelRunner.load(target_path, torch_dtype, torch_device, max_num_seqs, max_model_len + k,
                                        num_token_rows=self.tokenizer.vocab_size)
         if self.speculative_config is None:
             self.proposer, self.draft_info = NoDraftProposer(torch_device, self.target.vocab_rows), {"vocab_mode": None}

@@ -57,6 +57,18 @@ def test_eos_ends_the_request(ckpts, llms, draft):
     assert ignored.token_ids[:len(expected_target_ids)] == expected_target_ids
 
 
+@pytest.mark.parametrize("k", [2, 4])
+def test_max_model_len_ends_speculative_and_target_alone_alike(ckpts, llms, k):
+    """max_model_len bounds prompt + output; a step that would cross it is cut there, whatever k is."""
+    prompt = "Janet's ducks lay 16 eggs per day."
+    greedy = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    [alone] = llms.get(ckpts.gpt2_target, None, max_model_len=40).generate([prompt], greedy)
+    [spec] = llms.get(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, k=k, max_model_len=40).generate([prompt], greedy)
+    assert spec.token_ids == alone.token_ids
+    assert len(alone.token_ids) == 40 - len(tokenizer_of(ckpts.gpt2_target).encode(prompt))
+    assert alone.finish_reason == spec.finish_reason == "length"
+
+
 # -- seeded sampling ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("draft", ["small_noisy_draft", "small_tli_draft"])
 def test_seeded_request_reproduces_whatever_its_batch_mates(ckpts, llms, prompts, draft):
@@ -160,7 +172,9 @@ def test_draft_outgrowing_its_cache_keeps_generating_the_target_text(ckpts, llms
               SamplingParams(temperature=1.0, max_tokens=20, seed=3)]
     outputs = llm.generate(prompts, params)
     assert longest[0] > proposer.runner.cache.max_len
-    assert outputs[0].finish_reason == "length" and len(outputs[0].token_ids) >= 50
+    # The request ends at max_model_len (prompt + output), as it would with the target alone.
+    assert outputs[0].finish_reason == "length"
+    assert len(outputs[0].token_ids) == 64 - len(llm.tokenizer.encode(prompts[0]))
     for prompt, out in zip(prompts[:2], outputs[:2]):
         assert out.token_ids == reference_greedy(ckpts.qwen3_target, prompt, len(out.token_ids))
     assert len(outputs[2].token_ids) == 20 or outputs[2].finish_reason == "stop"
