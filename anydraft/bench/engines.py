@@ -35,7 +35,8 @@ def load_target(name: str, dtype: str, max_model_len: int, inflate: InflateSpec 
     model, extras = load_model(path, parse_dtype(dtype), torch.device("cpu"))
     if inflate is not None:
         inflate_model(model, inflate)
-    runner = ModelRunner(model, 1, max_model_len, num_token_rows=tokenizer.vocab_size, extras=extras)
+    # + 16: room for a verification forward of up to k+1 tokens at the length limit (k <= 15), as LLM does.
+    runner = ModelRunner(model, 1, max_model_len + 16, num_token_rows=tokenizer.vocab_size, extras=extras)
     return TargetSetup(runner, tokenizer, str(path), parameter_count(model), inflate)
 
 
@@ -54,6 +55,7 @@ def set_k(engine: Engine, k: int) -> None:
     """Reuse a built draft at another k (the sweep): the proposer and the engine both read k per step."""
     engine.proposer.num_speculative_tokens = k
     engine.k = k
+    engine.max_model_len = min(engine.max_model_len, engine.target.cache.max_len - k)
     engine.stats = SpecStats(k)
 
 
