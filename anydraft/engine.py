@@ -8,7 +8,7 @@ import torch
 
 from .config import SamplingParams
 from .metrics import SpecStats
-from .model.runner import ModelRunner
+from .model.runner import ModelRunner, host_to_device
 from .spec.proposer import Proposal, Proposer, SamplingBatch
 from .spec.sampling import RowRandom, draw_noise, logits_to_probs
 from .spec.verify import VerifyOutput, verify_greedy, verify_sampling
@@ -128,7 +128,7 @@ class Engine:
         return finished
 
     def _target_forward(self, rows: list[int], proposal: Proposal) -> torch.Tensor:
-        last = torch.tensor([[self.last_target_id[r]] for r in rows], dtype=torch.long, device=self.target.device)
+        last = host_to_device([[self.last_target_id[r]] for r in rows], self.target.device, torch.long)
         target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
         return self.target.logits(self.target.forward(rows, target_input))
 
@@ -136,9 +136,12 @@ class Engine:
         if sampling is None:
             return verify_greedy(target_logits, proposal.draft_target_ids)
         target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
-        uniforms, exponentials = draw_noise(sampling.randoms, self.k, target_probs.shape[-1], target_probs.device)
+        # Drawn where the row generators live (host), moved in one non-blocking copy each.
+        uniforms, exponentials = draw_noise(sampling.randoms, self.k, target_probs.shape[-1], "cpu")
+        device, dtype = target_probs.device, target_probs.dtype
         return verify_sampling(target_probs, proposal.draft_probs.to(target_probs), proposal.draft_target_ids,
-                               uniforms.to(target_probs), exponentials.to(target_probs))
+                               uniforms.to(device, non_blocking=True).to(dtype),
+                               exponentials.to(device, non_blocking=True).to(dtype))
 
     @staticmethod
     def _fetch_to_host(verdict: VerifyOutput) -> tuple[list[int], list[list[int]]]:
@@ -158,9 +161,9 @@ class Engine:
         use_top_k = any(p.top_k > 0 for p in params)
         use_top_p = any(p.top_p < 1.0 for p in params)
         return SamplingBatch(
-            temperature=torch.tensor([p.temperature for p in params], device=dev),
-            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.long, device=dev) if use_top_k else None,
-            top_p=torch.tensor([p.top_p for p in params], device=dev) if use_top_p else None,
+            temperature=host_to_device([p.temperature for p in params], dev),
+            top_k=host_to_device([max(p.top_k, 0) for p in params], dev, torch.long) if use_top_k else None,
+            top_p=host_to_device([p.top_p for p in params], dev) if use_top_p else None,
             randoms=[self.running[r].random for r in rows])
 
     # -- bookkeeping -------------------------------------------------------------------------------------------

@@ -8,6 +8,12 @@ from .llama import CausalLM
 from .loader import load_model
 
 
+def host_to_device(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A tensor of host values on `device` without waiting for the device (torch.tensor(..., device=cuda)
+    synchronizes the stream; the step allows one host sync, in Engine._fetch_to_host)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 class ModelRunner:
     """Runs new tokens of some cache rows through the model; knows which output rows are real tokens.
 
@@ -91,8 +97,7 @@ class ModelRunner:
         for start in range(0, max((len(t) for t in token_ids), default=0), chunk):
             pieces = [(row, ids[start:start + chunk]) for row, ids in zip(rows, token_ids) if len(ids) > start]
             width = max(len(piece) for _, piece in pieces)
-            batch = torch.tensor([piece + [0] * (width - len(piece)) for _, piece in pieces], dtype=torch.long,
-                                 device=self.device)
+            batch = host_to_device([piece + [0] * (width - len(piece)) for _, piece in pieces], self.device, torch.long)
             self.forward([row for row, _ in pieces], batch, num_new=[len(piece) for _, piece in pieces])
 
     def cost_flops_per_token(self) -> dict:

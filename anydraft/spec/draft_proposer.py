@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import torch
 
-from ..model.runner import ModelRunner
+from ..model.runner import ModelRunner, host_to_device
 from .draft_vocab import DraftVocab
 from .proposer import Proposal, SamplingBatch
 from .sampling import logits_to_probs, sample_from_probs
@@ -73,7 +73,7 @@ class DraftModelProposer:
             draft_probs = torch.zeros(batch, k, self.vocab.target_vocab_rows, device=self.device)
             draft_probs[..., FULL_ROW_PROPOSAL] = 1.0
         if live:
-            index = torch.tensor(live, device=self.device)
+            index = host_to_device(live, self.device, torch.long)
             live_sampling = None if sampling is None else replace(
                 sampling, temperature=sampling.temperature[index],
                 top_k=None if sampling.top_k is None else sampling.top_k[index],
@@ -91,9 +91,9 @@ class DraftModelProposer:
         k, runner = self.num_speculative_tokens, self.runner
         lengths = [len(p) for p in pending]
         width = max(lengths)
-        draft_input = torch.tensor([p + [0] * (width - len(p)) for p in pending], dtype=torch.long, device=self.device)
+        draft_input = host_to_device([p + [0] * (width - len(p)) for p in pending], self.device, torch.long)
         hidden = runner.forward(rows, draft_input, num_new=lengths)                       # [B, P, hidden]
-        last = torch.tensor(lengths, device=self.device) - 1
+        last = host_to_device(lengths, self.device, torch.long) - 1
         hidden = hidden[torch.arange(len(rows), device=self.device), last][:, None]      # [B, 1, hidden]
         head_rows, head_probs = [], []
         for i in range(k):
@@ -102,7 +102,8 @@ class DraftModelProposer:
                 chosen = logits.argmax(-1)                                                # [B, 1]
             else:
                 probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-                noise = torch.stack([r.exponential(1, probs.shape[-1]) for r in sampling.randoms]).to(probs)
+                noise = torch.stack([r.exponential(1, probs.shape[-1]) for r in sampling.randoms])
+                noise = noise.to(probs.device, non_blocking=True).to(probs.dtype)
                 chosen = sample_from_probs(probs, noise)
                 head_probs.append(probs)
             head_rows.append(chosen)

@@ -179,3 +179,18 @@ def test_draft_outgrowing_its_cache_keeps_generating_the_target_text(ckpts, llms
         assert out.token_ids == reference_greedy(ckpts.qwen3_target, prompt, len(out.token_ids))
     assert len(outputs[2].token_ids) == 20 or outputs[2].finish_reason == "stop"
     assert not llm.engine.has_unfinished()
+
+
+def test_aborted_request_frees_its_row_for_the_next(ckpts, llms, prompts):
+    """A request dropped mid-generation (a client that left): its row is reused, the others are unaffected."""
+    llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_shuffled_noisy_draft, k=4, max_num_seqs=4)
+    engine, greedy = llm.engine, SamplingParams(temperature=0, max_tokens=16)
+    requests = [engine.add_request(p, greedy) for p in prompts[:4]]
+    engine.step()
+    engine.abort(requests[1])
+    late = engine.add_request(prompts[4], greedy)  # waits for a row: gets the aborted one
+    engine.run()
+    assert requests[1].finish_reason == "abort" and late.row == requests[1].row
+    for prompt, request in zip([prompts[0], prompts[2], prompts[3], prompts[4]], requests[:1] + requests[2:] + [late]):
+        assert request.output_target_ids == reference_greedy(ckpts.gpt2_target, prompt, 16)
+    assert not engine.has_unfinished() and sorted(engine.free_rows) == [0, 1, 2, 3]
