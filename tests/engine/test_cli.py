@@ -67,10 +67,13 @@ def test_plain_output_is_text_then_a_stats_line(ckpts, capsys):
     (["--device", "cuda"], "CUDA is not available"),
     (["--max-tokens", "0"], "max_tokens must be >= 1"),
     (["--draft", "/nonexistent/draft"], "/nonexistent/draft: not a checkpoint directory"),
+    (["--draft", "{tokenizer_only}"], "no config.json"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
 ])
 def test_bad_input_exits_2_with_one_line(ckpts, capsys, bad_args, message):
     if "cuda" in bad_args and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    bad_args = [a.format(tokenizer_only=ckpts.small_tokenizer) for a in bad_args]  # a directory without weights
     args = ["--target", str(ckpts.gpt2_target), "--draft", str(ckpts.gpt2_shuffled_draft), "--dtype", "float64",
             "--device", "cpu", "--max-tokens", "4"]
     # later flags win in argparse, so appending the bad one overrides the good default above

@@ -3,7 +3,8 @@
 The target is peaked (scaled head), so a handful of tokens carry most of the mass; rarer tokens are binned
 together. Its vocabulary is GPT-2 cut to 1024 merges (1281 tokens, 1296 rows) so that drawing noise over the
 vocabulary stays cheap. Drafts: a noisy copy (identity) and a copy on another tokenizer (GPT-2 cut to 768
-merges, ids shuffled: TLI with 256 target tokens outside the intersection). Both disagree with the target
+merges, ids shuffled: TLI with 256 target tokens outside the intersection), and a reduced head (d2t: 640
+of 1296 rows, the tokens most frequent in GSM8K questions). All disagree with the target
 often (total variation ~0.5), so recovered tokens come from the residual max(p - q, 0) in many steps.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ P_VALUE_MIN = 1e-3
 NUM_SAMPLES = 3072
 K = 3
 PROMPT = "The answer is"
-SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000}
+SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000, "d2t": 3_000_000}
 
 
 def goodness_of_fit(target_ids: list[int], probs: torch.Tensor, min_expected: float = 5.0) -> float:
@@ -61,7 +62,8 @@ def samples(ckpts, llms):
     def get(kind: str, temperature: float = 1.0, top_k: int = 0):
         key = (kind, temperature, top_k)
         if key not in cache:
-            draft = {"target_alone": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft}[kind]
+            draft = {"target_alone": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft,
+                     "d2t": ckpts.small_d2t_draft}[kind]
             llm = llms.get(ckpts.small_target, draft, k=K, max_num_seqs=64, dtype="float32")
             seed = SEED_BASE[kind] + int(temperature * 1000) + top_k
             params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=2, seed=seed + i)
@@ -81,7 +83,7 @@ def samples(ckpts, llms):
     return get
 
 
-@pytest.mark.parametrize("kind", ["target_alone", "identity", "tli"])
+@pytest.mark.parametrize("kind", ["target_alone", "identity", "tli", "d2t"])
 def test_first_token_follows_exact_target_softmax(ckpts, samples, kind):
     first_target_ids = [pair[0] for pair in samples(kind)]
     probs = reference_first_token_probs(ckpts.small_target, PROMPT)

@@ -318,6 +318,11 @@ class Checkpoints:
         return self._get("small_noisy_draft", lambda d: noisy_copy(self.small_target, d, noise=SMALL_NOISE, seed=42))
 
     @property
+    def small_d2t_draft(self) -> Path:
+        return self._get("small_d2t_draft", lambda d: make_d2t_draft(self.small_target, d, num_head_rows=640,
+                                                                      noise=SMALL_NOISE, seed=45))
+
+    @property
     def small_tli_draft(self) -> Path:
         """Another tokenizer: GPT-2 cut to 768 merges and shuffled, so 256 target tokens are outside the
         intersection (re-sync by bytes) and every shared token has another id."""
