@@ -17,6 +17,7 @@ from tiny_models import reference_greedy
 CASES = [
     ("identity_random", "smollm2_target", "smollm2_random_draft", "identity", 3, False),
     ("identity_partial", "smollm2_target", "smollm2_noisy_draft", "identity", 3, True),
+    ("identity_more_draft_rows", "smollm2_target", "smollm2_padded_draft", "identity", 3, True),
     ("d2t_partial", "smollm2_target", "smollm2_d2t_draft", "d2t", 3, True),
     ("tli_qwen3_target_llama2_draft", "qwen3_target", "llama2_draft", "tli", 3, False),
     ("tli_llama2_target_qwen3_draft", "llama2_target", "qwen3_draft", "tli", 2, False),
@@ -64,3 +65,12 @@ def test_mixed_length_batch_matches_target_alone(ckpts, llms, prompts, case, tar
         assert 0 < acceptance < k, f"mean accepted per step {acceptance:.2f} not strictly inside (0, {k})"
         per_step = [o.metrics["acceptance_by_position"] for o in outputs]
         assert any(p[0] > 0 for p in per_step) and any(p[-1] < 1 for p in per_step)
+
+
+def test_identity_with_more_draft_rows_samples_within_the_target_vocabulary(ckpts, llms, prompts):
+    """Sampling through the identity map when the draft has 128 more (padding) rows than the target."""
+    llm = llms.get(ckpts.smollm2_target, ckpts.smollm2_padded_draft, k=3)
+    outputs = llm.generate(prompts, [SamplingParams(temperature=1.0, max_tokens=12, seed=i) for i in range(6)])
+    vocab_size = llm.tokenizer.vocab_size
+    assert all(0 <= t < vocab_size for o in outputs for t in o.token_ids)
+    assert sum(o.metrics["num_accepted"] for o in outputs) > 0

@@ -277,6 +277,18 @@ class Checkpoints:
         return self._get("smollm2_noisy_draft", lambda d: noisy_copy(self.smollm2_target, d, noise=0.5, seed=23))
 
     @property
+    def smollm2_padded_draft(self) -> Path:
+        """Same tokenizer, 128 more (padding) rows than the target: like Qwen2.5-0.5B (151936) for Qwen2.5-7B (152064)."""
+        def build(d):
+            cfg, state = read_checkpoint(self.smollm2_target)
+            state = add_noise(state, 0.5, seed=25)
+            for name in ("model.embed_tokens.weight", "lm_head.weight"):
+                state[name] = torch.cat([state[name], torch.zeros(128, cfg.hidden_size)])
+            padded_cfg = ModelConfig(**{**cfg.__dict__, "vocab_size": cfg.vocab_size + 128, "tie_word_embeddings": False})
+            return write_checkpoint(d, padded_cfg, state, self.smollm2_target)
+        return self._get("smollm2_padded_draft", build)
+
+    @property
     def smollm2_d2t_draft(self) -> Path:
         return self._get("smollm2_d2t_draft", lambda d: make_d2t_draft(self.smollm2_target, d, num_head_rows=4096,
                                                                         noise=0.3, seed=24))
