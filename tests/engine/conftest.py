@@ -13,6 +13,15 @@ if not TOKENIZERS.is_dir():
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def bridge_cache_dir(tmp_path_factory):
+    """Bridges built by these tests go to a session directory, not ~/.cache (and stale ones are not read)."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("bridge_cache")
+        patch.setenv("ANYDRAFT_CACHE_DIR", str(path))
+        yield path
+
+
 @pytest.fixture(scope="session")
 def ckpts(tmp_path_factory) -> Checkpoints:
     return Checkpoints(tmp_path_factory.mktemp("checkpoints"))
