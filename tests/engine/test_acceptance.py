@@ -65,7 +65,8 @@ def test_identical_draft_accepts_every_position(ckpts, llms, prompts, k):
 def test_identical_draft_is_accepted_when_sampling(ckpts, llms, prompts):
     """p == q: the rejection test u * q(x) < p(x) accepts every draft token (float64: no rounding gap shows)."""
     llm = llms.get(ckpts.smollm2_target, ckpts.smollm2_target, k=4)
-    outputs = llm.generate(prompts, [SamplingParams(temperature=1.0, max_tokens=20, seed=i) for i in range(len(prompts))])
+    params = [SamplingParams(temperature=1.0, max_tokens=20, seed=i) for i in range(len(prompts))]
+    outputs = llm.generate(prompts, params)
     drafted = sum(o.metrics["num_drafted"] for o in outputs)
     accepted = sum(o.metrics["num_accepted"] for o in outputs)
     assert drafted >= 80 and accepted == drafted, (accepted, drafted)

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from anydraft.config import SamplingParams
 from anydraft.llm import LLM
 
-from tiny_models import EOS_PROMPT, make_d2t_draft, read_checkpoint, reference_greedy, tokenizer_of
+from tiny_models import EOS_PROMPT, make_d2t_draft, reference_greedy, tokenizer_of
 
 
 # -- stop conditions ------------------------------------------------------------------------------------------
@@ -101,8 +102,6 @@ def test_identity_mode_with_another_tokenizer_is_refused(ckpts):
 
 
 def test_d2t_table_out_of_range_is_refused(ckpts, tmp_path):
-    _, state = read_checkpoint(ckpts.smollm2_d2t_draft)
-    from safetensors.torch import load_file
     tables = load_file(str(ckpts.smollm2_d2t_draft / "d2t.safetensors"))
     bad_d2t = tables["d2t"].clone()
     bad_d2t[-1] += 10_000  # the last draft row now maps past the target's 49152 rows

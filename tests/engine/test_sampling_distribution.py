@@ -119,7 +119,7 @@ def test_statistic_detects_a_wrong_distribution(ckpts, samples):
     """Negative controls at the same sample size: the tests above could fail."""
     generator = torch.Generator().manual_seed(7)
     target_probs = reference_first_token_probs(ckpts.small_target, PROMPT)
-    # What a verifier that accepts every draft token would emit: the draft's own distribution.
+    # What verification accepting every draft token would emit: the draft's own distribution.
     draft_probs = reference_first_token_probs(ckpts.small_noisy_draft, PROMPT)
     draft_first_ids = torch.multinomial(draft_probs, NUM_SAMPLES, replacement=True, generator=generator).tolist()
     assert goodness_of_fit(draft_first_ids, target_probs) < P_VALUE_MIN

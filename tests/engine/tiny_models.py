@@ -25,6 +25,7 @@ SMALL_HEAD_SCALE, SMALL_NOISE = 8.0, 0.2
 EOS_PROMPT = "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer:"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
+
 # -- checkpoints ----------------------------------------------------------------------------------------------
 def copy_tokenizer(tokenizer_dir: Path, directory: Path) -> None:
     for name in TOKENIZER_FILES:
@@ -278,13 +279,15 @@ class Checkpoints:
 
     @property
     def smollm2_padded_draft(self) -> Path:
-        """Same tokenizer, 128 more (padding) rows than the target: like Qwen2.5-0.5B (151936) for Qwen2.5-7B (152064)."""
+        """Same tokenizer, 128 more (padding) rows than the target, as Qwen2.5-0.5B (151936 rows) has for
+        Qwen2.5-7B (152064)."""
         def build(d):
             cfg, state = read_checkpoint(self.smollm2_target)
             state = add_noise(state, 0.5, seed=25)
             for name in ("model.embed_tokens.weight", "lm_head.weight"):
                 state[name] = torch.cat([state[name], torch.zeros(128, cfg.hidden_size)])
-            padded_cfg = ModelConfig(**{**cfg.__dict__, "vocab_size": cfg.vocab_size + 128, "tie_word_embeddings": False})
+            padded_cfg = ModelConfig(**{**cfg.__dict__, "vocab_size": cfg.vocab_size + 128,
+                                        "tie_word_embeddings": False})
             return write_checkpoint(d, padded_cfg, state, self.smollm2_target)
         return self._get("smollm2_padded_draft", build)
 
