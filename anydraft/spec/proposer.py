@@ -11,8 +11,8 @@ import torch
 class SamplingBatch:
     """Per-row sampling settings of the running rows (None in place of this = every row greedy)."""
     temperature: torch.Tensor   # [B]
-    top_k: torch.Tensor         # [B] long, 0 = off
-    top_p: torch.Tensor         # [B]
+    top_k: torch.Tensor | None  # [B] long, 0 = off; None = no row truncates (skips the vocabulary sort)
+    top_p: torch.Tensor | None  # [B]; None = no row truncates
     randoms: list               # [B] RowRandom, one seeded stream per request
 
 
