@@ -2,8 +2,10 @@
 
 Same vocabulary: `generate(assistant_model=draft)`. Other vocabulary: universal assisted generation,
 `generate(assistant_model=draft, tokenizer=..., assistant_tokenizer=...)`, which transformers routes to
-its UAG path for greedy (re-tokenizing text) and to its TLI path for do_sample. k is pinned with
-`num_assistant_tokens=k`, a constant schedule and no confidence early-stop, so every step drafts k.
+its UAG path for greedy (re-tokenizing text) and to its TLI path for do_sample. transformers reads the
+drafting settings from the *assistant's* generation_config (generate() kwargs do not reach it), so k is
+pinned there: num_assistant_tokens=k, a constant schedule, no confidence early-stop. `pin_k=False` keeps
+transformers' defaults (20 tokens, stopping early below 0.4 draft confidence) to show HF at its own best.
 AL = new tokens / target forwards (a forward hook counts the target's calls; each assisted step is one).
 Prompts come as target ids (anydraft's tokenization), so every contender decodes the same input tokens.
 """
@@ -45,8 +47,7 @@ class HFPeer:
         if temperature > 0:
             kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
         if self.draft is not None:
-            kwargs.update(assistant_model=self.draft, num_assistant_tokens=k,
-                          num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+            kwargs.update(assistant_model=self.draft)
             if not self.same_vocab:
                 kwargs.update(tokenizer=self.target_tokenizer, assistant_tokenizer=self.draft_tokenizer)
         return kwargs
@@ -68,7 +69,22 @@ class HFPeer:
             outputs.append(new_ids)
         return tokens, forwards, seconds, outputs
 
-    def measure(self, prompt_target_ids: list[list[int]], k: int, max_tokens: int, repeats: int, temperature: float = 0.0) -> dict:
+    def _configure_draft(self, k: int, pin_k: bool) -> None:
+        from transformers import GenerationConfig
+        config = self.draft.generation_config
+        if pin_k:
+            config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
+            config.assistant_confidence_threshold = 0.0
+        else:
+            defaults = GenerationConfig()
+            config.num_assistant_tokens = defaults.num_assistant_tokens
+            config.num_assistant_tokens_schedule = defaults.num_assistant_tokens_schedule
+            config.assistant_confidence_threshold = defaults.assistant_confidence_threshold
+
+    def measure(self, prompt_target_ids: list[list[int]], k: int, max_tokens: int, repeats: int,
+                temperature: float = 0.0, pin_k: bool = True) -> dict:
+        if self.draft is not None:
+            self._configure_draft(k, pin_k)
         kwargs = self._generate_kwargs(k, temperature, max_tokens)
         self._one_pass(prompt_target_ids[:1], {**kwargs, "max_new_tokens": min(16, max_tokens)})   # warm-up
         passes = [self._one_pass(prompt_target_ids, kwargs) for _ in range(repeats)]
@@ -77,7 +93,7 @@ class HFPeer:
         path = "target alone" if self.draft is None else (
             "assisted (same vocab)" if self.same_vocab else ("UAG" if temperature == 0 else "TLI (do_sample)"))
         return {
-            "k": k if self.draft is not None else 0, "hf_path": path,
+            "k": (k if pin_k else "HF default") if self.draft is not None else 0, "hf_path": path,
             "tokens_per_second_median": statistics.median(tokens_per_second),
             "tokens_per_second_best": max(tokens_per_second),
             "tokens_per_second_all": tokens_per_second,

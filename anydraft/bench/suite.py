@@ -144,9 +144,16 @@ def run_bench(cfg: BenchConfig) -> dict:
                 _log(f"HF assisted generation with {cfg.draft}")
                 result = hf.measure(prompt_target_ids, cfg.k, cfg.max_tokens, cfg.peer_repeats, cfg.temperature)
                 add(f"HF assisted ({result['hf_path']})", "hf", result)
+                # Also at transformers' own drafting defaults (up to 20 tokens, confidence early-stop).
+                result = hf.measure(prompt_target_ids, cfg.k, cfg.max_tokens, cfg.peer_repeats, cfg.temperature,
+                                    pin_k=False)
+                add(f"HF assisted ({result['hf_path']}, HF default drafting)", "hf", result)
                 del hf
             except ImportError as e:
                 skipped["hf"] = f"transformers is not installed ({e})"
+            except Exception as e:  # a peer's failure must not lose the other contenders' numbers
+                skipped["hf"] = f"HF run failed: {type(e).__name__}: {e}"
+                _log(f"HF skipped: {skipped['hf']}")
     if "vllm" in cfg.peers:
         python, reason = find_vllm_python(cfg.vllm_python)
         if cfg.inflate is not None:
