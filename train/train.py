@@ -74,9 +74,9 @@ SPECS = {
     "smollm2-target": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
                            hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024),
     "qwen3-draft": dict(arch="Qwen3ForCausalLM", tok="qwen3", rows=151936, eos="<|im_end|>", bos=None,
-                        hidden=192, layers=1, inter=512, heads=3, kv=1, steps=300, lr=3e-3, batch=1024),
+                        hidden=192, layers=1, inter=512, heads=3, kv=1, steps=1800, lr=3e-3, batch=1024),
     "smollm2-draft": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
-                          hidden=192, layers=1, inter=512, heads=3, kv=1, steps=300, lr=3e-3, batch=1024),
+                          hidden=192, layers=1, inter=512, heads=3, kv=1, steps=1800, lr=3e-3, batch=1024),
 }
 PAIRS = {"qwen3-target": "smollm2-draft", "smollm2-target": "qwen3-draft"}
 HEAD_DIM = 64
@@ -129,15 +129,20 @@ def training_docs(name, distill_from):
     tok = tokenizer(spec["tok"])
     eos = tok.token_to_id(spec["eos"])
     texts = [doc_text(r["question"], r["answer"]) for r in load_jsonl(DATA / "train.jsonl")]
+    ended = [True] * len(texts)
     if distill_from:
+        # the paired target's greedy answers, re-tokenized by this draft's tokenizer, weighted 3x;
+        # an answer cut at max_new tokens gets no EOS
         gen = load_jsonl(RUNS / "distill" / f"{distill_from}.jsonl")
-        texts += [prompt_text(g["question"]) + g["completion"] for g in gen] * 2   # weighted 2x
-        print(f"{name}: {len(gen)} distilled examples from {distill_from}", flush=True)
+        texts += [prompt_text(g["question"]) + g["completion"] for g in gen] * 3
+        ended += [g["ended"] for g in gen] * 3
+        print(f"{name}: {len(gen)} distilled examples from {distill_from} "
+              f"({sum(g['ended'] for g in gen)} ended with EOS)", flush=True)
     enc = tok.encode_batch(texts, add_special_tokens=False)
     used = set(compact_vocab(spec["tok"]))
     docs, dropped = [], 0
-    for e in enc:
-        ids = e.ids + [eos]
+    for e, end in zip(enc, ended):
+        ids = e.ids + [eos] if end else e.ids
         if not all(i in used for i in ids):   # a distilled text with a token the data never had
             dropped += 1
             continue
@@ -373,12 +378,13 @@ def main():
     t.add_argument("--threads", type=int, default=2)
     d = sub.add_parser("distill")
     d.add_argument("name", choices=sorted(PAIRS))
-    d.add_argument("--n", type=int, default=1536)
+    d.add_argument("--n", type=int, default=1024)
     d.add_argument("--max-new", type=int, default=200)
     d.add_argument("--threads", type=int, default=2)
     e = sub.add_parser("eval")
     e.add_argument("--threads", type=int, default=2)
-    e.add_argument("--n", type=int, default=100)
+    e.add_argument("--n", type=int, default=100, help="test questions for the proxy acceptance")
+    e.add_argument("--ppl-n", type=int, default=400, help="test questions for perplexity")
     e.add_argument("--out", default=str(RUNS / "eval.json"))
     args = ap.parse_args()
     {"train": cmd_train, "distill": cmd_distill, "eval": cmd_eval}[args.cmd](args)

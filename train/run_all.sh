@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Retrain the whole embedded model family from scratch (see train/train.py and train/README.md).
+# Two stages run side by side with one thread each (the build machine has 2 cores). Resumable: rerun
+# after an interruption and every stage continues from its checkpoint under runs/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p runs/logs
+both() {  # run two commands in parallel, fail if either fails
+  "${@:1:$#/2}" > "runs/logs/$LOG1.log" 2>&1 & p1=$!
+  "${@:$#/2+1}" > "runs/logs/$LOG2.log" 2>&1 & p2=$!
+  wait $p1; wait $p2
+}
+LOG1=qwen3-target LOG2=smollm2-target both \
+  python train/train.py train qwen3-target --threads 1 \
+  python train/train.py train smollm2-target --threads 1
+LOG1=distill-qwen3-target LOG2=distill-smollm2-target both \
+  python train/train.py distill qwen3-target --threads 1 \
+  python train/train.py distill smollm2-target --threads 1
+LOG1=smollm2-draft LOG2=qwen3-draft both \
+  python train/train.py train smollm2-draft --distill qwen3-target --threads 1 \
+  python train/train.py train qwen3-draft --distill smollm2-target --threads 1
+python train/train.py eval | tee runs/logs/eval.log
