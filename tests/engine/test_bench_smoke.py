@@ -68,3 +68,17 @@ def test_cli_writes_json_and_plots(ckpts, tmp_path, capsys):
     assert result["goals"] and result["skipped"]["vllm"]
     assert (tmp_path / "smoke_acceptance_by_position.png").stat().st_size > 0
     assert (tmp_path / "smoke_speedup_vs_k.png").stat().st_size > 0
+
+
+def test_hf_peer_pins_k_on_the_assistant(ckpts):
+    """transformers reads drafting settings from the assistant's generation_config, not generate() kwargs."""
+    pytest.importorskip("transformers")
+    from anydraft.bench.peer_hf import HFPeer
+    from anydraft.tokenizer import Tokenizer
+    ids = Tokenizer.from_dir(ckpts.smollm2_target).encode("Question: what is 2 + 3?\nAnswer:")
+    peer = HFPeer(str(ckpts.smollm2_target), str(ckpts.smollm2_noisy_draft), "float32")
+    result = peer.measure([ids], k=2, max_tokens=6, repeats=1)
+    assert peer.draft.generation_config.num_assistant_tokens == 2
+    assert peer.draft.generation_config.assistant_confidence_threshold == 0.0
+    assert result["hf_path"] == "assisted (same vocab)" and result["generated_tokens"] > 0
+    assert 1 <= result["acceptance_length"] <= 3   # at most k + 1 tokens per target forward
