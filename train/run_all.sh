@@ -19,4 +19,6 @@ LOG1=distill-qwen3-target LOG2=distill-smollm2-target both \
 LOG1=smollm2-draft LOG2=qwen3-draft both \
   python train/train.py train smollm2-draft --distill qwen3-target --threads 1 \
   python train/train.py train qwen3-draft --distill smollm2-target --threads 1
-python train/train.py eval | tee runs/logs/eval.log
+# smollm2-target: 10 -> 15 layers after the drafts (qwen3-draft was distilled from the 10-layer model)
+python train/train.py grow smollm2-target --threads 1 > runs/logs/smollm2-target-grow.log 2>&1
+python train/train.py eval --threads 1 | tee runs/logs/eval.log

@@ -11,13 +11,14 @@ Pairs used for verification (vocabularies differ in both directions):
 Exact commands (run from the repository root; every stage is seeded and resumable: rerunning a
 command continues from runs/<name>/ckpt.pt; CI never runs this):
 
-    python train/train.py train qwen3-target                       # stage 1
-    python train/train.py train smollm2-target                     # stage 2
-    python train/train.py distill qwen3-target                     # stage 3: target's greedy answers
-    python train/train.py distill smollm2-target                   #          to train questions
-    python train/train.py train smollm2-draft --distill qwen3-target     # stage 4: draft on its
-    python train/train.py train qwen3-draft   --distill smollm2-target   #   paired target's outputs + data
-    python train/train.py eval                                     # perplexity, samples, proxy AL, latency
+    python train/train.py train qwen3-target --threads 1             # stage 1 (these two ran side by
+    python train/train.py train smollm2-target --threads 1           #   side: 1260 s and 1191 s)
+    python train/train.py distill qwen3-target --threads 1           # stage 2: greedy answers to 1024
+    python train/train.py distill smollm2-target --threads 1         #   train questions (147 s, 101 s)
+    python train/train.py train smollm2-draft --distill qwen3-target --threads 1   # stage 3 (671 s,
+    python train/train.py train qwen3-draft --distill smollm2-target --threads 1   #   705 s, side by side)
+    python train/train.py grow smollm2-target --threads 1            # stage 4: 10 -> 15 layers (123 s)
+    python train/train.py eval --threads 1                           # perplexity, samples, proxy AL, latency
 
 Or everything in order: `bash train/run_all.sh` (logs in runs/). Wall times measured on the 2-core
 build machine (shared with other jobs, so they vary) are in train/README.md.
@@ -33,7 +34,8 @@ Design
   tokenizer size are excluded (they are masked to -inf at inference). The zero rows compress to almost
   nothing in git while the checkpoint stays a standard HF checkpoint.
 - Sizes: decode at batch 1 on CPU is dominated by per-layer overhead, so the targets are deep and
-  narrow (>= 4x a draft's per-token latency) and the drafts have 1 layer.
+  narrow (>= 4x a draft's per-token latency) and the drafts have 1 layer. smollm2-target was trained
+  with 10 layers, then grown to 15 (see cmd_grow) when 10 measured only 3.8-4.8x qwen3-draft.
 - Drafts are distilled: trained on the original data mixed with their paired target's greedy answers
   to train questions, re-tokenized with the draft's tokenizer.
 - bf16 autocast (AMX) with fp32 master weights, AdamW, cosine schedule; weights exported in bf16.
@@ -72,7 +74,9 @@ SPECS = {
     "qwen3-target": dict(arch="Qwen3ForCausalLM", tok="qwen3", rows=151936, eos="<|im_end|>", bos=None,
                          hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024),
     "smollm2-target": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
-                           hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024),
+                           hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024,
+                           # then grown to 15 layers (identity-initialized layers, fine-tuned): see cmd_grow
+                           grow=dict(layers=15, steps=150, lr=6e-4)),
     "qwen3-draft": dict(arch="Qwen3ForCausalLM", tok="qwen3", rows=151936, eos="<|im_end|>", bos=None,
                         hidden=192, layers=1, inter=512, heads=3, kv=1, steps=1800, lr=3e-3, batch=1024),
     "smollm2-draft": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
@@ -264,10 +268,10 @@ def cmd_train(args):
     print(f"{name}: done, total training wall time {t_prev + time.time() - t0:.0f}s", flush=True)
 
 
-def export(name, model, used, tok):
+def export(name, model, used, tok, spec=None):
     """Scatter the compact rows into the full-size embedding (zeros elsewhere); write a HF checkpoint."""
     from safetensors.torch import save_file
-    spec = SPECS[name]
+    spec = spec or SPECS[name]
     eos_id = tok.token_to_id(spec["eos"])
     bos_id = tok.token_to_id(spec["bos"]) if spec["bos"] else None
     cfg = model_config(spec, spec["rows"], eos_id, bos_id)
@@ -287,6 +291,102 @@ def export(name, model, used, tok):
         if f.name in TOKENIZER_FILES or f.name.startswith("LICENSE") or f.name == "SOURCE.txt":
             (out / f.name).write_bytes(f.read_bytes())
     print(f"exported {out}", flush=True)
+
+
+def cmd_grow(args):
+    """Depth growth of a trained target (smollm2-target: 10 -> 15 layers), then a short fine-tune.
+
+    Why: at batch 1 on CPU a decode step costs mostly per-layer overhead, and the 10-layer
+    smollm2-target measured only 3.8-4.8x its 1-layer draft (qwen3-draft) depending on threads.
+    A new layer after every second trained layer starts as an exact identity (o_proj and down_proj
+    zero: the residual branch adds nothing), so the grown model computes the same function at step 0;
+    then all layers are fine-tuned on the training data (a fresh batch order) at a low learning rate.
+    qwen3-draft was distilled from the 10-layer model's answers (the fine-tune changes them little).
+    """
+    torch.set_num_threads(args.threads)
+    name = args.name
+    base_spec = SPECS[name]
+    g = base_spec["grow"]
+    spec = dict(base_spec, layers=g["layers"])
+    torch.manual_seed(SEED + 1)
+    tok = tokenizer(spec["tok"])
+    used = compact_vocab(spec["tok"])
+    log_n_zero = math.log(tok.get_vocab_size() - len(used))
+    remap = torch.full((spec["rows"],), -1, dtype=torch.long)
+    remap[torch.tensor(used)] = torch.arange(len(used))
+    docs = training_docs(name, None)
+    base = CausalLM(model_config(base_spec, len(used), None, None))
+    base.load_state_dict(torch.load(RUNS / name / "ckpt.pt", weights_only=False)["model"])
+    model = CausalLM(model_config(spec, len(used), None, None))
+    init_weights(model, spec["layers"])
+    n_new = spec["layers"] - base_spec["layers"]
+    every = base_spec["layers"] // n_new
+    order, k = [], 0               # index of the base layer, or None for a new one
+    for i in range(base_spec["layers"]):
+        order.append(i)
+        if (i + 1) % every == 0 and k < n_new:
+            order.append(None)
+            k += 1
+    assert len(order) == spec["layers"]
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(base.model.embed_tokens.weight)
+        model.model.norm.weight.copy_(base.model.norm.weight)
+        for j, i in enumerate(order):
+            if i is None:
+                model.model.layers[j].self_attn.o_proj.weight.zero_()
+                model.model.layers[j].mlp.down_proj.weight.zero_()
+            else:
+                model.model.layers[j].load_state_dict(base.model.layers[i].state_dict())
+        probe = torch.tensor([docs[0][:64]]).apply_(lambda i: int(remap[i]))
+        diff = (model.logits(model(probe)) - base.logits(base(probe))).abs().max().item()
+    assert diff < 1e-4, f"grown model is not the identity at init: {diff}"
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([dict(params=decay, weight_decay=0.1), dict(params=no_decay, weight_decay=0.0)],
+                            lr=g["lr"], betas=(0.9, 0.95), eps=1e-8)
+    steps, warmup = g["steps"], 10
+    run = RUNS / f"{name}-grow"
+    run.mkdir(parents=True, exist_ok=True)
+    ckpt_path = run / "ckpt.pt"
+    step, t_prev = 0, 0.0
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, t_prev = ck["step"], ck.get("elapsed", 0.0)
+        print(f"{name} grow: resumed at step {step}", flush=True)
+    print(f"{name} grow: {base_spec['layers']} -> {spec['layers']} layers (new at {[j for j, i in enumerate(order) if i is None]}), "
+          f"identity check {diff:.1e}, {steps} steps", flush=True)
+    batches_per_epoch = len(make_batches(docs, 0, spec["batch"]))
+    t0, tokens = time.time(), 0
+    model.train()
+    while step < steps:
+        epoch, pos = divmod(step, batches_per_epoch)
+        idx = make_batches(docs, 1 + epoch, spec["batch"])[pos]     # a batch order the base run never used
+        ids, mask = collate(docs, idx, remap)
+        lr = g["lr"] * (step + 1) / warmup if step < warmup else \
+            g["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+        for gparam in opt.param_groups:
+            gparam["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = compact_loss(model, model(ids[:, :-1]), ids[:, 1:], mask[:, 1:], log_n_zero)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        tokens += int(mask.sum())
+        if step % 10 == 0 or step == steps:
+            el = time.time() - t0
+            print(f"{name} grow step {step}/{steps} loss {loss.item():.4f} lr {lr:.2e} {tokens/el:.0f} tok/s "
+                  f"elapsed {t_prev+el:.0f}s", flush=True)
+        if step % 25 == 0 or step == steps:
+            tmp = run / "ckpt.tmp"
+            torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step,
+                            elapsed=t_prev + time.time() - t0), tmp)
+            os.replace(tmp, ckpt_path)
+    export(name, model, used, tok, spec)
+    print(f"{name} grow: done, wall time {t_prev + time.time() - t0:.0f}s", flush=True)
 
 
 def load_shipped(name, dtype=torch.float32):
@@ -381,13 +481,18 @@ def main():
     d.add_argument("--n", type=int, default=1024)
     d.add_argument("--max-new", type=int, default=200)
     d.add_argument("--threads", type=int, default=2)
+    gr = sub.add_parser("grow")
+    gr.add_argument("name", choices=sorted(n for n, s in SPECS.items() if "grow" in s))
+    gr.add_argument("--threads", type=int, default=1)
     e = sub.add_parser("eval")
-    e.add_argument("--threads", type=int, default=2)
+    # 1 thread: with 2 OpenMP threads on 2 cores shared with other jobs, every parallel region can wait
+    # a whole scheduler slice at its barrier (measured: ~30x slower decode)
+    e.add_argument("--threads", type=int, default=1)
     e.add_argument("--n", type=int, default=100, help="test questions for the proxy acceptance")
     e.add_argument("--ppl-n", type=int, default=400, help="test questions for perplexity")
     e.add_argument("--out", default=str(RUNS / "eval.json"))
     args = ap.parse_args()
-    {"train": cmd_train, "distill": cmd_distill, "eval": cmd_eval}[args.cmd](args)
+    {"train": cmd_train, "distill": cmd_distill, "grow": cmd_grow, "eval": cmd_eval}[args.cmd](args)
 
 
 if __name__ == "__main__":
