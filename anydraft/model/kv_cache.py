@@ -13,6 +13,7 @@ class CacheWindow:
     positions: torch.Tensor     # [B, S] absolute positions of the new tokens
     mask: torch.Tensor          # [B, 1, S, T] True = key visible
     num_keys: int               # T = max(length) + S over the rows
+    single_row: tuple[int, int] | None = None   # (row, start) when B = 1 and nothing is padded: plain slicing
 
 
 class KVCache:
@@ -75,7 +76,9 @@ class KVCache:
         key_pos = torch.arange(end, device=self.device)
         mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]                       # [B, 1, S, T]
         rows_t = None if rows is None else torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
-        return CacheWindow(rows=rows_t, positions=positions, mask=mask, num_keys=end)
+        # Batch 1 (the latency case) writes and reads by slicing: no index_put, no gathered copy of the cache.
+        single = (row_list[0], lengths[0]) if len(row_list) == 1 and lengths[0] + num_new <= self.max_len else None
+        return CacheWindow(rows=rows_t, positions=positions, mask=mask, num_keys=end, single_row=single)
 
     def advance(self, rows: list[int] | None, num_new: list[int] | int) -> None:
         """Count the tokens a forward wrote (rows may keep fewer than were written: padding)."""
@@ -87,6 +90,11 @@ class KVCache:
     def write_and_read(self, layer: int, win: CacheWindow, k_new: torch.Tensor, v_new: torch.Tensor):
         """Store k/v [B, S, H_kv, D] of the new tokens; return keys/values [B, T, H_kv, D] to attend over."""
         k_layer, v_layer = self.k[layer], self.v[layer]
+        if win.single_row is not None:
+            row, start = win.single_row
+            k_layer[row, start:start + k_new.shape[1]] = k_new[0]
+            v_layer[row, start:start + v_new.shape[1]] = v_new[0]
+            return k_layer[row:row + 1, :win.num_keys], v_layer[row:row + 1, :win.num_keys]
         if win.rows is None:
             batch = torch.arange(self.max_batch, device=self.device)[:, None]
             k_layer[batch, win.positions] = k_new

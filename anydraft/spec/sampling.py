@@ -14,6 +14,14 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:   # [..., V] -> [...] long
+    """argmax over the vocabulary; half-precision logits are widened first (exact), since the CPU argmax
+    kernel runs about 2x faster on float32 than on bfloat16 over a 150k vocabulary."""
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
+    return logits.argmax(dim=-1)
+
+
 def safe_softmax(logits: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim where -inf gives exactly 0 and a row of only -inf gives all zeros (not NaN)."""
     row_max = logits.amax(dim=-1, keepdim=True)
@@ -77,7 +85,7 @@ def logits_to_probs(logits: torch.Tensor,                # [B, S, V]
             None if top_k is None else top_k.to(logits.device),
             None if top_p is None else top_p.to(logits.device))
     probs = safe_softmax(scaled_logits)
-    greedy_probs = torch.zeros_like(probs).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    greedy_probs = torch.zeros_like(probs).scatter_(-1, greedy_argmax(logits)[..., None], 1.0)
     return torch.where((temperature <= 0).view(batch, 1, 1), greedy_probs, probs)
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from anydraft.spec.sampling import sample_from_probs
+from anydraft.spec.sampling import greedy_argmax, sample_from_probs
 
 
 @dataclass
@@ -47,7 +47,7 @@ def verify_greedy(target_logits: torch.Tensor,     # [B, k+1, V_target]
     last verified token), so position num_accepted gives the recovered or, when all k match, bonus token.
     """
     num_drafted = draft_target_ids.shape[1]
-    target_argmax = target_logits.argmax(dim=-1)                                   # [B, k+1]
+    target_argmax = greedy_argmax(target_logits)                                    # [B, k+1]
     num_accepted = _accepted_prefix_length(target_argmax[:, :num_drafted] == draft_target_ids)
     next_ids = target_argmax.gather(1, num_accepted[:, None]).squeeze(1)           # [B]
     return _assemble_output(draft_target_ids, num_accepted, next_ids)
