@@ -52,7 +52,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -193,6 +192,29 @@ def init_weights(model: CausalLM, num_layers):
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
+
+def set_cosine_lr(opt, base_lr: float, step: int, warmup: int, steps: int) -> float:
+    """Linear warm-up, then cosine decay to 10% of base_lr; sets it on every param group."""
+    lr = base_lr * (step + 1) / warmup if step < warmup else \
+        base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+    for group in opt.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def optimizer_step(model, opt, loss) -> None:
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def save_checkpoint(run, ckpt_path, model, opt, step: int, elapsed: float) -> None:
+    """Atomic: a run killed mid-save resumes from the previous checkpoint."""
+    tmp = run / "ckpt.tmp"
+    torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step, elapsed=elapsed), tmp)
+    os.replace(tmp, ckpt_path)
+
 def compact_loss(model, hidden, targets, valid, log_n_zero):
     """Mean NLL over valid positions; the zero-logit rows enter the normalizer in closed form."""
     h = hidden[valid]
@@ -242,17 +264,11 @@ def cmd_train(args):
         epoch, pos = divmod(step, batches_per_epoch)
         idx = make_batches(docs, epoch, spec["batch"])[pos]
         ids, mask = collate(docs, idx, remap)
-        lr = spec["lr"] * (step + 1) / warmup if step < warmup else \
-            spec["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
-        for gparam in opt.param_groups:
-            gparam["lr"] = lr
+        lr = set_cosine_lr(opt, spec["lr"], step, warmup, steps)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             hidden = model(ids[:, :-1])
             loss = compact_loss(model, hidden, ids[:, 1:], mask[:, 1:], log_n_zero)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(model, opt, loss)
         step += 1
         tokens += int(mask.sum())
         if step % 10 == 0 or step == steps:
@@ -260,10 +276,7 @@ def cmd_train(args):
             print(f"{name} step {step}/{steps} ep {epoch} loss {loss.item():.4f} lr {lr:.2e} "
                   f"{tokens/el:.0f} tok/s elapsed {t_prev+el:.0f}s", flush=True)
         if step % 25 == 0 or step == steps:
-            tmp = run / "ckpt.tmp"
-            torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step,
-                            elapsed=t_prev + time.time() - t0), tmp)
-            os.replace(tmp, ckpt_path)
+            save_checkpoint(run, ckpt_path, model, opt, step, t_prev + time.time() - t0)
     export(name, model, used, tok)
     print(f"{name}: done, total training wall time {t_prev + time.time() - t0:.0f}s", flush=True)
 
@@ -364,16 +377,10 @@ def cmd_grow(args):
         epoch, pos = divmod(step, batches_per_epoch)
         idx = make_batches(docs, 1 + epoch, spec["batch"])[pos]     # a batch order the base run never used
         ids, mask = collate(docs, idx, remap)
-        lr = g["lr"] * (step + 1) / warmup if step < warmup else \
-            g["lr"] * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
-        for gparam in opt.param_groups:
-            gparam["lr"] = lr
+        lr = set_cosine_lr(opt, g["lr"], step, warmup, steps)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = compact_loss(model, model(ids[:, :-1]), ids[:, 1:], mask[:, 1:], log_n_zero)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(model, opt, loss)
         step += 1
         tokens += int(mask.sum())
         if step % 10 == 0 or step == steps:
@@ -381,10 +388,7 @@ def cmd_grow(args):
             print(f"{name} grow step {step}/{steps} loss {loss.item():.4f} lr {lr:.2e} {tokens/el:.0f} tok/s "
                   f"elapsed {t_prev+el:.0f}s", flush=True)
         if step % 25 == 0 or step == steps:
-            tmp = run / "ckpt.tmp"
-            torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step,
-                            elapsed=t_prev + time.time() - t0), tmp)
-            os.replace(tmp, ckpt_path)
+            save_checkpoint(run, ckpt_path, model, opt, step, t_prev + time.time() - t0)
     export(name, model, used, tok, spec)
     print(f"{name} grow: done, wall time {t_prev + time.time() - t0:.0f}s", flush=True)
 

@@ -13,7 +13,6 @@ import torch
 from ..config import SamplingParams
 from ..engine import Engine
 from ..metrics import SpecStats
-from ..spec.proposer import NoDraftProposer
 
 STOP_STRINGS = ["\nQuestion:", "\n\nQuestion"]
 _NUMBER = re.compile(r"-?[\d,]*\.?\d+")
