@@ -24,7 +24,7 @@ class Request:
     random: RowRandom
     stats: SpecStats
     output_target_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    text: str = ""              # the completion, decoded (and cut at a stop string) once it finishes
     finish_reason: str | None = None
     row: int | None = None
     started: float = 0.0

@@ -70,10 +70,9 @@ class LLM:
         self.engine.run(progress)
         outputs = []
         for request in requests:
-            text = request.text if request.params.stop else self.tokenizer.decode(request.output_target_ids)
             metrics = request.stats.to_dict()
             metrics.update({"vocab_mode": self.draft_info.get("vocab_mode")})
-            outputs.append(RequestOutput(request.prompt, text, request.output_target_ids, request.finish_reason, metrics))
+            outputs.append(RequestOutput(request.prompt, request.text, request.output_target_ids, request.finish_reason, metrics))
         return outputs
 
     @property

@@ -19,6 +19,16 @@ def _title_suffix(result: dict) -> str:
     return suffix
 
 
+def _finish(plt, fig, ax, title: str, result: dict, path: Path) -> Path:
+    """Title (with the run's labels, EMULATED included), legend, save, close."""
+    ax.set_title(title + "\n" + _title_suffix(result), fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_acceptance_by_position(result: dict, path: Path) -> Path | None:
     runs = [r for r in result["runs"] if r.get("acceptance_by_position")]
     if not runs:
@@ -34,12 +44,7 @@ def plot_acceptance_by_position(result: dict, path: Path) -> Path | None:
     ax.set_ylabel("P(position accepted)")
     ax.set_ylim(0, 1)
     ax.set_xticks(range(1, max(len(r["acceptance_by_position"]) for r in runs) + 1))
-    ax.set_title("Acceptance by position\n" + _title_suffix(result), fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, "Acceptance by position", result, path)
 
 
 def plot_speedup_vs_k(result: dict, path: Path) -> Path | None:
@@ -58,12 +63,7 @@ def plot_speedup_vs_k(result: dict, path: Path) -> Path | None:
     ax.set_xlabel("k (drafted tokens per step)")
     ax.set_ylabel("speedup vs target alone")
     ax.set_xticks(ks)
-    ax.set_title("Speedup vs k\n" + _title_suffix(result), fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, "Speedup vs k", result, path)
 
 
 def write_plots(result: dict, out_dir: Path, stem: str) -> list[str]:

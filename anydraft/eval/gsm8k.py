@@ -88,7 +88,7 @@ def run_engine(engine: Engine, prompts: list[str], params: SamplingParams, progr
     start = time.perf_counter()
     engine.run(progress)
     seconds = time.perf_counter() - start
-    texts = [r.text if params.stop else engine.tokenizer.decode(r.output_target_ids) for r in requests]
+    texts = [r.text for r in requests]
     return RunResult(texts, [r.output_target_ids for r in requests], engine.stats, seconds)
 
 
