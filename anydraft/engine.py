@@ -193,13 +193,27 @@ class Engine:
         elif (len(request.output_target_ids) >= params.max_tokens
               or len(request.prompt_target_ids) + len(request.output_target_ids) >= self.max_model_len):
             request.finish_reason = "length"
-        if params.stop or request.finished:
+        if params.stop and not request.finished and self._tail_has_stop(request):
+            request.finish_reason = "stop"
+        if request.finished:
             request.text = self.tokenizer.decode(request.output_target_ids)
             for stop in params.stop:
                 cut = request.text.find(stop)
                 if cut >= 0:
                     request.text = request.text[:cut]
                     request.finish_reason = "stop"
+
+    def _tail_has_stop(self, request: Request) -> bool:
+        """Whether a stop string has appeared, decoding only the last few tokens (a stop string of L chars
+        spans at most 4L tokens of >= 1 byte each): per-token checks stay O(1), not O(output length)."""
+        stops = request.params.stop
+        window = 4 * max(len(stop) for stop in stops) + 8
+        tail = self.tokenizer.decode(request.output_target_ids[-window:])
+        if not any(stop in tail for stop in stops):
+            return False
+        # The tail decode can differ from the full text at its first characters; confirm on the full text.
+        text = self.tokenizer.decode(request.output_target_ids)
+        return any(stop in text for stop in stops)
 
     def run(self, progress=None) -> None:
         """Step until every request has finished."""

@@ -14,6 +14,13 @@ from .config import ModelConfig
 from .kv_cache import CacheWindow, KVCache
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * normalize(x) over the last dim; normalized in at least float32 (as HF does), in float64 when
+    the model runs in float64, and rounded to x's dtype before the weight multiplies."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return weight * F.rms_norm(x.to(compute), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -21,11 +28,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in at least float32 (as HF does), in float64 when the model runs in float64.
-        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        h = x.to(compute)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -48,9 +51,11 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return inv_freq
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [B, S, heads, D] rotated: x*cos + rotate_half(x)*sin, with rotate_half's negation folded into
+    signed_sin (exact: -a*b == a*(-b)), so the halves swap in one flip instead of chunk, neg and cat."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * signed_sin
 
 
 class Attention(nn.Module):
@@ -68,18 +73,44 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        # Inference layout, set by fuse_projections: one q/k/v matmul, q and k norm weights per stacked head.
+        self.qkv_proj: nn.Module | None = None
+        self.qk_norm_weight: torch.Tensor | None = None
 
-    def forward(self, x, cos, sin, cache: KVCache | None, win: CacheWindow | None):
-        # x: [B, S, hidden]; cos/sin: [B, S, D]
-        b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+    def fuse_projections(self) -> None:
+        """One matmul for q, k and v instead of three (fewer calls per layer; HF names stay loadable)."""
+        self.qkv_proj = _concat_linears([self.q_proj, self.k_proj, self.v_proj])
+        self.q_proj = self.k_proj = self.v_proj = None
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            self.qk_norm_weight = self._stacked_norm_weight().detach()
+
+    def _stacked_norm_weight(self) -> torch.Tensor:   # [H + H_kv, D]
+        return torch.cat([self.q_norm.weight.expand(self.num_heads, -1),
+                          self.k_norm.weight.expand(self.num_kv_heads, -1)])
+
+    def _project(self, x):
+        """x [B, S, hidden] -> qk [B, S, H + H_kv, D] (q heads then k heads), v [B, S, H_kv, D].
+
+        q and k are kept stacked so their norms and rotary embedding run as one op each."""
+        b, s, _ = x.shape
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(x)
+        else:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        qk_width = (self.num_heads + self.num_kv_heads) * self.head_dim
+        qk = qkv[..., :qk_width].unflatten(-1, (-1, self.head_dim))
+        v = qkv[..., qk_width:].unflatten(-1, (-1, self.head_dim))
+        if self.q_norm is not None:
+            weight = self.qk_norm_weight if self.qk_norm_weight is not None else self._stacked_norm_weight()
+            qk = rms_norm(qk, weight, self.q_norm.eps)
+        return qk, v
+
+    def forward(self, x, cos, signed_sin, cache: KVCache | None, win: CacheWindow | None):
+        # x: [B, S, hidden]; cos/signed_sin: [B, S, D]
+        b, s, _ = x.shape
+        qk, v = self._project(x)
+        qk = apply_rope(qk, cos[:, :, None, :], signed_sin[:, :, None, :])
+        q, k = qk[:, :, :self.num_heads], qk[:, :, self.num_heads:]
         if cache is None:
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                  is_causal=True, enable_gqa=True)
@@ -96,9 +127,28 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj: nn.Linear | None = None   # set by fuse_projections (inference)
+
+    def fuse_projections(self) -> None:
+        self.gate_up_proj = _concat_linears([self.gate_proj, self.up_proj])
+        self.gate_proj = self.up_proj = None
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _concat_linears(linears: list[nn.Linear]) -> nn.Linear:
+    """One Linear whose output is the given Linears' outputs side by side."""
+    weight = torch.cat([lin.weight.detach() for lin in linears], dim=0)
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=linears[0].bias is not None,
+                      device=weight.device, dtype=weight.dtype)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([lin.bias.detach() for lin in linears]), requires_grad=False)
+    return fused
 
 
 class DecoderLayer(nn.Module):
@@ -141,7 +191,15 @@ class CausalLM(nn.Module):
             self._inv_freq = self._inv_freq.to(positions.device)
         freqs = positions.float()[..., None] * self._inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin = emb.sin()
+        signed_sin = torch.cat((-sin[..., :sin.shape[-1] // 2], sin[..., sin.shape[-1] // 2:]), dim=-1)
+        return emb.cos().to(dtype), signed_sin.to(dtype)   # [B, S, D] each, see apply_rope
+
+    def fuse_projections(self) -> None:
+        """Inference layout: q/k/v and gate/up each become one matmul. Call after loading weights."""
+        for module in self.modules():
+            if isinstance(module, (Attention, MLP)):
+                module.fuse_projections()
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None, win: CacheWindow | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -151,9 +209,9 @@ class CausalLM(nn.Module):
             positions = win.positions
         elif positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
-        cos, sin = self.rope(positions, x.dtype)
+        cos, signed_sin = self.rope(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, cos, sin, cache, win)
+            x = layer(x, cos, signed_sin, cache, win)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ import torch
 from .kv_cache import KVCache
 from .llama import CausalLM
 from .loader import load_model
+from .packed_linear import can_pack, pack_linear, pack_linears
 
 
 def host_to_device(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -19,6 +20,9 @@ class ModelRunner:
 
     Output rows past `num_token_rows` are vocabulary padding (Qwen: 151936 rows, 151669 tokens): their
     logits are set to -inf in every path, so speculative and target-alone decoding agree.
+
+    The runner owns the model and puts it in inference layout: fused q/k/v and gate/up matmuls, and on a
+    CPU in bf16 weights prepacked for oneDNN (`packed`).
     """
 
     def __init__(self, model: CausalLM, max_batch: int, max_len: int, num_token_rows: int | None = None,
@@ -27,6 +31,11 @@ class ModelRunner:
         self.cfg = model.cfg
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        model.requires_grad_(False)
+        model.fuse_projections()
+        self.packed = can_pack(self.device, self.dtype)
+        if self.packed:
+            pack_linears(model)
         self.cache = KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,
                              self.cfg.head_dim, self.dtype, self.device)
         self.extras = extras or {}
@@ -61,7 +70,7 @@ class ModelRunner:
         keep_rows = keep_rows.to(self.device)
         head = torch.nn.Linear(self.cfg.hidden_size, len(keep_rows), bias=False, device=self.device, dtype=self.dtype)
         head.weight = torch.nn.Parameter(self.model.lm_head.weight.detach()[keep_rows].clone(), requires_grad=False)
-        self.model.lm_head = head
+        self.model.lm_head = pack_linear(head) if self.packed else head
         self.head_to_model_rows = keep_rows
         self.num_token_rows = len(keep_rows)
 

@@ -44,6 +44,7 @@ class DraftResync:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = window
         self._draft_tokenizer = draft_tokenizer
+        draft_tokenizer.encode_fragment(" ")   # builds its fragment tokenizer (~0.2 s) now, not in the first step
         target_table, draft_table = target_tokenizer.token_table, draft_tokenizer.token_table
         self._target_bytes = target_table.token_bytes        # [V_target_tokens]
         self._target_kinds = target_table.token_kinds        # [V_target_tokens]

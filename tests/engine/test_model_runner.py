@@ -70,6 +70,22 @@ def test_logits_match_transformers(tmp_path, arch, tie):
     assert torch.allclose(ours, hf_logits(path, input_ids), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_runner_inference_layout_gives_the_same_logits(tmp_path, arch, dtype):
+    """The runner fuses q/k/v and gate/up (and prepacks bf16 weights on CPU); logits stay bit-identical
+    to the model as loaded (the layout training uses)."""
+    path = write_random_checkpoint(tmp_path / "ckpt", arch, tie=True)
+    input_ids = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(4))
+    plain, _ = load_model(path, dtype, torch.device("cpu"))
+    runner = ModelRunner.load(path, dtype, torch.device("cpu"), max_batch=2, max_len=32)
+    assert runner.model.model.layers[0].self_attn.q_proj is None   # fused
+    with torch.inference_mode():
+        assert torch.equal(runner.model.logits(runner.model(input_ids)), plain.logits(plain(input_ids)))
+        cached = runner.logits(runner.forward([0, 1], input_ids))
+    assert torch.equal(cached.argmax(-1), plain.logits(plain(input_ids)).argmax(-1))
+
+
 @pytest.mark.parametrize("rope_scaling", ROPE_SCALINGS[1:])
 def test_rope_scaling_matches_transformers(tmp_path, rope_scaling):
     path = write_random_checkpoint(tmp_path / "ckpt", "LlamaForCausalLM", False, rope_scaling)

@@ -41,6 +41,19 @@ def test_stop_string_cuts_text_and_finishes(ckpts, llms, prompts):
     assert out.token_ids == free.token_ids[:len(out.token_ids)]
 
 
+def test_stop_string_late_in_a_long_output(ckpts, llms, prompts):
+    """Stop strings are checked on the last tokens only; one that first appears after 100+ tokens still
+    ends the request at its first occurrence in the full text."""
+    llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, k=3)
+    [free] = llm.generate([prompts[2]], SamplingParams(temperature=0, max_tokens=160, ignore_eos=True))
+    stop = next(s for s in (llm.tokenizer.decode(free.token_ids[i:i + 2]) for i in range(120, 150))
+                if s.strip() and free.text.find(s) > len(llm.tokenizer.decode(free.token_ids[:100])))
+    [out] = llm.generate([prompts[2]], SamplingParams(temperature=0, max_tokens=160, ignore_eos=True, stop=[stop]))
+    assert out.finish_reason == "stop"
+    assert out.text == free.text[:free.text.find(stop)]
+    assert len(out.token_ids) > 100
+
+
 @pytest.mark.parametrize("draft", ["itself", "none"])
 def test_eos_ends_the_request(ckpts, llms, draft):
     """The target emits EOS within a few tokens; with itself as draft, EOS is accepted mid-step and the

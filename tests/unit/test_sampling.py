@@ -168,3 +168,22 @@ def test_sampling_pipeline_matches_softmax(temperature: float):
         generator=torch.Generator().manual_seed(5))
     samples = sample_from_probs(probs, exponentials)[:, 0]
     assert _chi_square_p_value(samples, (logits / temperature).softmax(-1)) > P_VALUE_MIN
+
+
+@pytest.mark.parametrize("vocab", [5, 4095, 4096, 39237, 49152, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_greedy_argmax_equals_torch_argmax_including_ties(vocab, dtype):
+    """The two-pass argmax (chunk maxima, then inside the winning chunk) returns torch.argmax's index:
+    the first of equal maxima, also when they sit in different chunks or in the short last chunk."""
+    from anydraft.spec.sampling import greedy_argmax
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(3, 5, vocab, generator=g).to(dtype)
+    # Coarse values make many exact ties (bf16 rounds them further).
+    coarse = (torch.randn(4, vocab, generator=g) * 2).round().to(dtype)
+    edge = torch.zeros(4, vocab, dtype=dtype)
+    edge[0, -1] = 1                                     # the maximum in the last (possibly short) chunk
+    edge[1, [vocab // 3, vocab - 1]] = 2                # a tie across chunks
+    edge[2, :] = float("-inf")
+    edge[2, vocab // 2] = -1e30                         # everything else -inf (padding/masked rows)
+    for case in (logits, coarse, edge):
+        assert torch.equal(greedy_argmax(case), case.argmax(dim=-1)), case
