@@ -8,7 +8,7 @@ appending AL tokens on average; the target alone appends one token per 1-token d
 T_target: target forward of 1 new token + output head (a target-alone decode step).
 T_verify(k): target forward of k+1 new tokens + output head on all of them (a verification step).
 T_draft: draft forward of 1 new token + its (for TLI: pruned) output head (one drafted token).
-All in seconds, medians over repeats after warm-up, at a realistic context length. The model leaves out
+All in seconds, medians over interleaved repeats after warm-up, at a realistic context length. The model leaves out
 host work (bridge, re-sync, bookkeeping), so measured / ideal says how much of that work costs.
 """
 from __future__ import annotations
@@ -28,38 +28,46 @@ def ideal_speedup(acceptance_length: float, target_seconds: float, verify_second
 
 
 @torch.inference_mode()
-def forward_seconds(runner: ModelRunner, num_new_tokens: int, context_tokens: int = 128, warmup: int = 3,
-                    repeats: int = 15, row: int = 0, seed: int = 0) -> float:
-    """Median seconds of one forward of num_new_tokens after context_tokens cached, logits on all new tokens.
+def _timed_forward(runner: ModelRunner, new_ids: torch.Tensor, row: int = 0) -> float:
+    """Seconds of one forward of new_ids [1, n] + head on all of them + the step's host sync; then rewound,
+    so every repeat sees the same context."""
+    start = time.perf_counter()
+    logits = runner.logits(runner.forward([row], new_ids))
+    logits.argmax(-1).tolist()   # the step's host sync, as the engine does once per step
+    elapsed = time.perf_counter() - start
+    runner.cache.rewind([row], [new_ids.shape[1]])
+    return elapsed
 
-    The cache row is rewound after every repeat, so each one sees the same context length.
+
+def measure_costs(target: ModelRunner, drafts: dict[str, ModelRunner], ks: list[int], context_tokens: int = 128,
+                  warmup: int = 3, repeats: int = 15, seed: int = 0) -> dict:
+    """{'target_seconds', 'verify_seconds': {k: s}, '<name>_seconds' per draft} — the cost model's inputs.
+
+    Medians of `repeats` after `warmup`, the quantities interleaved (each repeat times every one of them once),
+    so a machine whose speed drifts does not skew their ratios. drafts: e.g. {"draft": tli_runner}.
     """
     generator = torch.Generator().manual_seed(seed)
-    # Which ids hardly matters for cost; embedding rows are valid inputs for every head layout.
-    context_ids = torch.randint(0, runner.vocab_rows, (context_tokens,), generator=generator).tolist()
-    new_ids = torch.randint(0, runner.vocab_rows, (1, num_new_tokens), generator=generator).to(runner.device)
-    runner.cache.reset(row)
-    runner.prefill(row, context_ids)
-    times = []
-    for i in range(warmup + repeats):
-        start = time.perf_counter()
-        logits = runner.logits(runner.forward([row], new_ids))
-        logits.argmax(-1).tolist()   # the step's host sync, as the engine does once per step
-        elapsed = time.perf_counter() - start
-        runner.cache.rewind([row], [num_new_tokens])
-        if i >= warmup:
-            times.append(elapsed)
-    runner.cache.reset(row)
-    return statistics.median(times)
-
-
-def measure_costs(target: ModelRunner, draft: ModelRunner | None, ks: list[int], context_tokens: int = 128,
-                  repeats: int = 15) -> dict:
-    """{'target_seconds', 'verify_seconds': {k: s}, 'draft_seconds'} — the cost model's inputs."""
+    probes = [("target", target, 1)] + [(f"verify{k}", target, k + 1) for k in ks] + [
+        (name, runner, 1) for name, runner in drafts.items()]
+    for runner in {id(r): r for _, r, _ in probes}.values():
+        # Which ids hardly matters for cost; embedding rows are valid inputs for every head layout.
+        runner.cache.reset(0)
+        runner.prefill(0, torch.randint(0, runner.vocab_rows, (context_tokens,), generator=generator).tolist())
+    new_ids = {key: torch.randint(0, runner.vocab_rows, (1, n), generator=generator).to(runner.device)
+               for key, runner, n in probes}
+    times: dict[str, list[float]] = {key: [] for key, _, _ in probes}
+    for repeat in range(warmup + repeats):
+        for key, runner, _ in probes:
+            elapsed = _timed_forward(runner, new_ids[key])
+            if repeat >= warmup:
+                times[key].append(elapsed)
+    for _, runner, _ in probes:
+        runner.cache.reset(0)
     out = {"context_tokens": context_tokens, "repeats": repeats,
-           "target_seconds": forward_seconds(target, 1, context_tokens, repeats=repeats),
-           "verify_seconds": {k: forward_seconds(target, k + 1, context_tokens, repeats=repeats) for k in ks}}
-    if draft is not None:
-        out["draft_seconds"] = forward_seconds(draft, 1, context_tokens, repeats=repeats)
+           "target_seconds": statistics.median(times["target"]),
+           "verify_seconds": {k: statistics.median(times[f"verify{k}"]) for k in ks}}
+    for name in drafts:
+        out[f"{name}_seconds"] = statistics.median(times[name])
+    if "draft" in drafts:
         out["target_to_draft_cost_ratio"] = out["target_seconds"] / out["draft_seconds"]
     return out

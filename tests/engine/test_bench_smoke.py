@@ -48,6 +48,38 @@ def test_inflated_target_is_labelled_emulated_and_decodes_the_same(ckpts):
     assert any("emulated" in g["goal"] for g in check_goals(result))
 
 
+def test_rounds_interleave_contenders_and_rotate_their_order():
+    """Every round runs prompt i on every contender before prompt i+1; the order rotates; capped contenders
+    (slow peers) stop after their rounds; tok/s per round = tokens / seconds of that round."""
+    from anydraft.bench.contenders import PromptRun, run_rounds
+    calls = []
+
+    class Fake:
+        def __init__(self, name, tokens_per_prompt, seconds_per_prompt):
+            self.name, self.system, self.k = name, "fake", 2
+            self.tokens, self.seconds = tokens_per_prompt, seconds_per_prompt
+
+        def warm_up(self, prompt_index):
+            calls.append(("warm", self.name, prompt_index))
+
+        def run(self, prompt_index):
+            calls.append((self.name, prompt_index))
+            return PromptRun([7] * self.tokens, self.seconds, target_forwards=self.tokens // 2, num_accepted=self.tokens // 2,
+                             accepted_at_position=[self.tokens // 2, 0])
+
+    a, b, c = Fake("a", 4, 0.5), Fake("b", 6, 2.0), Fake("c", 2, 1.0)
+    results = run_rounds([a, b, c], num_prompts=2, repeats=2, rounds_of=lambda x: 1 if x.name == "c" else -1)
+    assert calls[:3] == [("warm", "a", 0), ("warm", "b", 0), ("warm", "c", 0)]
+    timed = calls[3:]
+    assert timed[:6] == [("a", 0), ("b", 0), ("c", 0), ("b", 1), ("c", 1), ("a", 1)]   # round 1, rotating
+    assert timed[6:] == [("b", 0), ("a", 0), ("a", 1), ("b", 1)]                       # round 2 without c
+    assert results["a"]["tokens_per_second_all"] == [8.0, 8.0]
+    assert results["b"]["tokens_per_second_median"] == 3.0 and results["c"]["tokens_per_second_all"] == [2.0]
+    assert results["a"]["acceptance_length"] == 2.0          # (accepted 4 + forwards 4) / forwards 4
+    assert results["a"]["acceptance_by_position"] == [1.0, 0.0]
+    assert results["a"]["output_target_ids"] == [[7] * 4, [7] * 4]
+
+
 def test_vllm_without_interpreter_is_skipped_with_reason(monkeypatch):
     monkeypatch.delenv("ANYDRAFT_VLLM_PYTHON", raising=False)
     python, reason = find_vllm_python(None)
@@ -73,12 +105,19 @@ def test_cli_writes_json_and_plots(ckpts, tmp_path, capsys):
 def test_hf_peer_pins_k_on_the_assistant(ckpts):
     """transformers reads drafting settings from the assistant's generation_config, not generate() kwargs."""
     pytest.importorskip("transformers")
-    from anydraft.bench.peer_hf import HFPeer
+    from anydraft.bench.contenders import run_rounds
+    from anydraft.bench.peer_hf import HFContender, HFPeer
     from anydraft.tokenizer import Tokenizer
     ids = Tokenizer.from_dir(ckpts.smollm2_target).encode("Question: what is 2 + 3?\nAnswer:")
     peer = HFPeer(str(ckpts.smollm2_target), str(ckpts.smollm2_noisy_draft), "float32")
-    result = peer.measure([ids], k=2, max_tokens=6, repeats=1)
+    alone = HFContender("alone", peer, [ids], 0, max_tokens=6)
+    assisted = HFContender("assisted", peer, [ids], 2, max_tokens=6)
+    results = run_rounds([alone, assisted], num_prompts=1, repeats=1)
     assert peer.draft.generation_config.num_assistant_tokens == 2
     assert peer.draft.generation_config.assistant_confidence_threshold == 0.0
-    assert result["hf_path"] == "assisted (same vocab)" and result["generated_tokens"] > 0
-    assert 1 <= result["acceptance_length"] <= 3   # at most k + 1 tokens per target forward
+    assert assisted.hf_path == "assisted (same vocab)" and alone.hf_path == "target alone"
+    assert results["assisted"]["generated_tokens"] == 6
+    assert 1 <= results["assisted"]["acceptance_length"] <= 3   # at most k + 1 tokens per target forward
+    assert results["alone"]["acceptance_length"] == 1.0
+    # Lossless on the same checkpoints: HF's assisted output is its target-alone output.
+    assert results["assisted"]["output_target_ids"] == results["alone"]["output_target_ids"]

@@ -1,0 +1,152 @@
+"""Bench contenders behind one small protocol, and the interleaved rounds that time them side by side.
+
+Why interleave: on a shared (virtual) machine the speed of the same code drifts by 2-4x over minutes. Timing
+each contender in its own block of minutes turns that drift into fake ratios. Here every round runs prompt i
+on every contender before prompt i+1, in an order that rotates per round, so drift hits all of them alike.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from ..config import SamplingParams
+from ..engine import Engine
+from ..metrics import SpecStats
+
+
+@dataclass
+class PromptRun:
+    """One prompt decoded by one contender."""
+    output_target_ids: list[int]
+    seconds: float
+    target_forwards: int | None = None          # verification steps (None: the contender cannot tell)
+    num_accepted: int | None = None             # accepted draft tokens over those steps
+    accepted_at_position: list[int] | None = None
+    stats: SpecStats | None = None              # anydraft's full statistics (time split)
+
+
+class Contender(Protocol):
+    name: str
+    system: str                     # "anydraft" | "hf" | "vllm": speedups are against the same system's k = 0
+    k: int | str                    # 0 = target alone
+
+    def warm_up(self, prompt_index: int) -> None: ...
+    def run(self, prompt_index: int) -> PromptRun: ...
+
+
+class EngineContender:
+    """anydraft's engine on prompt texts; `before_run` lets several contenders share one engine (k sweep)."""
+
+    def __init__(self, name: str, engine: Engine, prompts: list[str], params: SamplingParams,
+                 before_run: Callable[[], None] | None = None, k: int | None = None):
+        self.name, self.system = name, "anydraft"
+        self.engine, self.prompts, self.params = engine, prompts, params
+        self.before_run = before_run
+        self.k = engine.k if k is None else k
+
+    def warm_up(self, prompt_index: int) -> None:
+        params = SamplingParams(temperature=self.params.temperature, max_tokens=min(16, self.params.max_tokens),
+                                seed=self.params.seed)
+        self._decode(prompt_index, params)
+
+    def run(self, prompt_index: int) -> PromptRun:
+        return self._decode(prompt_index, self.params)
+
+    def _decode(self, prompt_index: int, params: SamplingParams) -> PromptRun:
+        if self.before_run is not None:
+            self.before_run()
+        engine = self.engine
+        engine.stats = SpecStats(engine.k)
+        request = engine.add_request(self.prompts[prompt_index], params)
+        start = time.perf_counter()
+        engine.run()
+        seconds = time.perf_counter() - start
+        stats = engine.stats
+        return PromptRun(list(request.output_target_ids), seconds, stats.target_forwards, stats.num_accepted,
+                         list(stats.accepted_at_position), stats)
+
+
+@dataclass
+class _Tally:
+    seconds: list[float]
+    tokens: list[int]
+    outputs: list[list[int]] = field(default_factory=list)   # first round, prompt order
+    target_forwards: int = 0
+    num_accepted: int = 0
+    accepted_at_position: list[int] | None = None
+    counted: bool = True                                     # False once a run could not report forwards
+    stats: SpecStats | None = None
+
+
+def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
+               rounds_of: Callable[[Contender], int] = lambda c: -1,
+               log: Callable[[str], None] = lambda m: None) -> dict[str, dict]:
+    """Warm every contender up once, then `repeats` rounds of: for each prompt, every contender in a rotating
+    order. rounds_of(c) >= 0 caps a contender's rounds (a slow peer). Returns one result dict per name."""
+    for contender in contenders:
+        log(f"warm-up: {contender.name}")
+        contender.warm_up(0)
+    tallies = {c.name: _Tally([0.0] * repeats, [0] * repeats) for c in contenders}
+    for round_index in range(repeats):
+        active = [c for c in contenders if rounds_of(c) < 0 or round_index < rounds_of(c)]
+        for prompt_index in range(num_prompts):
+            shift = (round_index + prompt_index) % len(active)
+            for contender in active[shift:] + active[:shift]:
+                _add(tallies[contender.name], contender.run(prompt_index), round_index)
+        log(f"round {round_index + 1}/{repeats}: " + ", ".join(
+            f"{c.name} {tallies[c.name].tokens[round_index] / tallies[c.name].seconds[round_index]:.1f} tok/s"
+            for c in active))
+    return {c.name: _summary(c, tallies[c.name], rounds_of(c) if rounds_of(c) >= 0 else repeats) for c in contenders}
+
+
+def _add(tally: _Tally, run: PromptRun, round_index: int) -> None:
+    tally.seconds[round_index] += run.seconds
+    tally.tokens[round_index] += len(run.output_target_ids)
+    if round_index > 0:
+        return
+    tally.outputs.append(run.output_target_ids)   # greedy: every round decodes the same tokens
+    if run.target_forwards is None:
+        tally.counted = False
+        return
+    tally.target_forwards += run.target_forwards
+    tally.num_accepted += run.num_accepted or 0
+    if run.accepted_at_position is not None:
+        old = tally.accepted_at_position or [0] * len(run.accepted_at_position)
+        tally.accepted_at_position = [a + b for a, b in zip(old, run.accepted_at_position)]
+    if run.stats is not None:
+        if tally.stats is None:
+            tally.stats = SpecStats(run.stats.num_speculative_tokens)
+        tally.stats.merge(run.stats)
+
+
+def _summary(contender: Contender, tally: _Tally, num_rounds: int) -> dict:
+    tokens_per_second = [t / s for t, s in zip(tally.tokens[:num_rounds], tally.seconds[:num_rounds])]
+    forwards = tally.target_forwards if tally.counted and tally.target_forwards else None
+    if contender.k == 0:
+        acceptance_length = 1.0
+    elif forwards is None:
+        acceptance_length = None
+    elif tally.num_accepted or tally.accepted_at_position is not None:
+        acceptance_length = (tally.num_accepted + forwards) / forwards
+    else:   # only forwards known (HF): tokens per forward
+        acceptance_length = tally.tokens[0] / forwards
+    by_position = None
+    if forwards and tally.accepted_at_position is not None:
+        by_position = [a / forwards for a in tally.accepted_at_position]
+    result = {
+        "k": contender.k,
+        "tokens_per_second_median": statistics.median(tokens_per_second),
+        "tokens_per_second_best": max(tokens_per_second),
+        "tokens_per_second_all": tokens_per_second,
+        "seconds_median": statistics.median(tally.seconds[:num_rounds]),
+        "generated_tokens": tally.tokens[0],
+        "acceptance_length": acceptance_length,
+        "acceptance_by_position": by_position,
+        "target_forwards": forwards,
+        "output_target_ids": tally.outputs,
+    }
+    if tally.stats is not None:
+        result["time_split_seconds_first_repeat"] = tally.stats.to_dict()["time_split_seconds"]
+    return result
