@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import tempfile
 import time
@@ -47,14 +48,25 @@ class VLLMContender:
         self.prompt_target_ids, self.max_tokens = prompt_target_ids, max_tokens
         self.request_timeout = request_timeout
         self.log = tempfile.NamedTemporaryFile("w+", prefix="anydraft_vllm_", suffix=".log", delete=False)
+        # Its own process group (the worker, vLLM's engine core and its workers), paused between requests.
         self.proc = subprocess.Popen([python, str(RUNNER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, bufsize=1)
+                                     stderr=self.log, text=True, bufsize=1, start_new_session=True)
         job = {"target": str(target), "draft": None if draft is None else str(draft), "k": k,
                "max_tokens": max_tokens, "temperature": temperature, "dtype": dtype, "threads": threads,
                "max_model_len": max_model_len}
         self._send(job)
         ready = self._receive("READY", startup_timeout)
         self.startup_seconds, self.vllm_version = ready["startup_seconds"], ready["vllm_version"]
+        self._signal(signal.SIGSTOP)
+
+    def _signal(self, signum: int) -> None:
+        """Stop / continue the worker's whole process group: idle vLLM processes still poll (about 10% of a
+        core each), which would slow whichever contender runs meanwhile."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signum)
+            except ProcessLookupError:
+                pass
 
     def _send(self, payload) -> None:
         try:
@@ -83,8 +95,10 @@ class VLLMContender:
         return "log: " + " | ".join(lines[-3:])[-600:] + f" (full log {self.log.name})"
 
     def _request(self, prompt_index: int, max_tokens: int) -> PromptRun:
+        self._signal(signal.SIGCONT)
         self._send({"prompt_target_ids": self.prompt_target_ids[prompt_index], "max_tokens": max_tokens})
         reply = self._receive("RESULT", self.request_timeout)
+        self._signal(signal.SIGSTOP)
         if not self.k:
             return PromptRun(reply["output_target_ids"], reply["seconds"], target_forwards=None)
         return PromptRun(reply["output_target_ids"], reply["seconds"], target_forwards=reply["drafts"],
@@ -97,6 +111,7 @@ class VLLMContender:
         return self._request(prompt_index, self.max_tokens)
 
     def close(self) -> None:
+        self._signal(signal.SIGCONT)
         if self.proc.poll() is None:
             try:
                 self._send("quit")
