@@ -78,6 +78,7 @@ class _Tally:
     accepted_at_position: list[int] | None = None
     counted: bool = True                                     # False once a run could not report forwards
     stats: SpecStats | None = None
+    per_prompt_steps: list[list[int]] = field(default_factory=list)   # first round: [target forwards, accepted]
 
 
 def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
@@ -112,6 +113,7 @@ def _add(tally: _Tally, run: PromptRun, round_index: int) -> None:
         return
     tally.target_forwards += run.target_forwards
     tally.num_accepted += run.num_accepted or 0
+    tally.per_prompt_steps.append([run.target_forwards, run.num_accepted or 0])
     if run.accepted_at_position is not None:
         old = tally.accepted_at_position or [0] * len(run.accepted_at_position)
         tally.accepted_at_position = [a + b for a, b in zip(old, run.accepted_at_position)]
@@ -145,6 +147,7 @@ def _summary(contender: Contender, tally: _Tally, num_rounds: int) -> dict:
         "acceptance_length": acceptance_length,
         "acceptance_by_position": by_position,
         "target_forwards": forwards,
+        "per_prompt_steps": tally.per_prompt_steps if forwards else None,
         "output_target_ids": tally.outputs,
     }
     if tally.stats is not None:

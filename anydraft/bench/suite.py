@@ -117,6 +117,23 @@ def _score_outputs(run: dict, tokenizer, golds: list[str], reference: list[list[
     run["_outputs"] = outputs
 
 
+def _acceptance_on_identical_texts(ours: dict, peer: dict) -> dict:
+    """AL of anydraft TLI and a peer over the prompts where both decoded the very same tokens: bf16 kernels
+    differ between systems, and different texts accept differently, so this is the like-for-like AL."""
+    same = [i for i, (a, b) in enumerate(zip(ours["_outputs"], peer["_outputs"])) if a == b]
+
+    def acceptance(run: dict) -> float | None:
+        steps = [run["per_prompt_steps"][i] for i in same]
+        forwards = sum(f for f, _ in steps)
+        if not forwards:
+            return None
+        if run["system"] == "hf":   # HF reports target forwards only: tokens per forward
+            return sum(len(run["_outputs"][i]) for i in same) / forwards
+        return (sum(a for _, a in steps) + forwards) / forwards
+
+    return {"num_prompts": len(same), "anydraft": acceptance(ours), "peer": acceptance(peer)}
+
+
 def run_bench(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     data_dir = gsm8k.default_data_dir() if cfg.data_dir is None else __import__("pathlib").Path(cfg.data_dir)
@@ -194,6 +211,10 @@ def run_bench(cfg: BenchConfig) -> dict:
         run["speedup_vs_target_alone"] = run["tokens_per_second_median"] / base if base else None
         _score_outputs(run, target.tokenizer, golds, [_strip_eos(o, set(target.tokenizer.eos_token_ids))
                                                       for o in reference])
+    for peer in runs:
+        if peer["system"] != "anydraft" and peer["k"] and peer.get("per_prompt_steps"):
+            peer["acceptance_on_identical_texts"] = _acceptance_on_identical_texts(tli_run, peer)
+    for run in runs:
         run.pop("_outputs", None)
     for run in runs:
         if run["system"] == "anydraft" and run["k"]:

@@ -121,3 +121,12 @@ def test_hf_peer_pins_k_on_the_assistant(ckpts):
     assert results["alone"]["acceptance_length"] == 1.0
     # Lossless on the same checkpoints: HF's assisted output is its target-alone output.
     assert results["assisted"]["output_target_ids"] == results["alone"]["output_target_ids"]
+
+
+def test_acceptance_on_identical_texts_uses_only_prompts_both_decoded_alike():
+    from anydraft.bench.suite import _acceptance_on_identical_texts
+    ours = {"system": "anydraft", "_outputs": [[1, 2, 3], [4, 5], [6]], "per_prompt_steps": [[2, 4], [1, 1], [1, 0]]}
+    vllm = {"system": "vllm", "_outputs": [[1, 2, 3], [4, 9], [6]], "per_prompt_steps": [[3, 3], [1, 0], [1, 0]]}
+    hf = {"system": "hf", "_outputs": [[1, 2, 3], [4, 5], [7]], "per_prompt_steps": [[3, 0], [2, 0], [1, 0]]}
+    assert _acceptance_on_identical_texts(ours, vllm) == {"num_prompts": 2, "anydraft": (4 + 3) / 3, "peer": (3 + 4) / 4}
+    assert _acceptance_on_identical_texts(ours, hf) == {"num_prompts": 2, "anydraft": (5 + 3) / 3, "peer": 5 / 5}
