@@ -29,6 +29,7 @@ def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:   # [..., V] -> [...] l
     vocab = logits.shape[-1]
     if logits.device.type != "cpu" or vocab < 16 * _ARGMAX_CHUNK:
         return logits.argmax(dim=-1)
+    logits = logits.contiguous()   # the chunk view needs it (a no-op for the widened copy)
     num_full = vocab // _ARGMAX_CHUNK
     chunk_max = logits[..., :num_full * _ARGMAX_CHUNK].unflatten(-1, (num_full, _ARGMAX_CHUNK)).amax(-1)
     if num_full * _ARGMAX_CHUNK < vocab:   # a shorter last chunk

@@ -185,5 +185,9 @@ def test_greedy_argmax_equals_torch_argmax_including_ties(vocab, dtype):
     edge[1, [vocab // 3, vocab - 1]] = 2                # a tie across chunks
     edge[2, :] = float("-inf")
     edge[2, vocab // 2] = -1e30                         # everything else -inf (padding/masked rows)
-    for case in (logits, coarse, edge):
+    nan = logits[0].clone()
+    nan[0, vocab // 2] = float("nan")                   # torch.argmax treats NaN as the largest value
+    nan[1, [vocab - 1, 1]] = float("nan")
+    strided = torch.randn(2, vocab, 3, generator=g).to(dtype)[..., 1]   # last dim not contiguous
+    for case in (logits, coarse, edge, nan, strided):
         assert torch.equal(greedy_argmax(case), case.argmax(dim=-1)), case
