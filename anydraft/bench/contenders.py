@@ -68,17 +68,24 @@ class EngineContender:
                          list(stats.accepted_at_position), stats)
 
 
+def acceptance_length(num_tokens: int, target_forwards: int | None, num_accepted: int | None) -> float | None:
+    """AL as metrics.py defines it, (accepted + forwards) / forwards, for a system that counts accepted draft
+    tokens; tokens per target forward for one that counts only forwards (HF). None without forwards."""
+    if not target_forwards:
+        return None
+    if num_accepted is None:
+        return num_tokens / target_forwards
+    return (num_accepted + target_forwards) / target_forwards
+
+
 @dataclass
 class _Tally:
     seconds: list[float]
     tokens: list[int]
     outputs: list[list[int]] = field(default_factory=list)   # first round, prompt order
-    target_forwards: int = 0
-    num_accepted: int = 0
+    steps: list[list[int | None]] = field(default_factory=list)   # first round: [target forwards, accepted]
     accepted_at_position: list[int] | None = None
-    counted: bool = True                                     # False once a run could not report forwards
     stats: SpecStats | None = None
-    per_prompt_steps: list[list[int]] = field(default_factory=list)   # first round: [target forwards, accepted]
 
 
 def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
@@ -108,12 +115,7 @@ def _add(tally: _Tally, run: PromptRun, round_index: int) -> None:
     if round_index > 0:
         return
     tally.outputs.append(run.output_target_ids)   # greedy: every round decodes the same tokens
-    if run.target_forwards is None:
-        tally.counted = False
-        return
-    tally.target_forwards += run.target_forwards
-    tally.num_accepted += run.num_accepted or 0
-    tally.per_prompt_steps.append([run.target_forwards, run.num_accepted or 0])
+    tally.steps.append([run.target_forwards, run.num_accepted])
     if run.accepted_at_position is not None:
         old = tally.accepted_at_position or [0] * len(run.accepted_at_position)
         tally.accepted_at_position = [a + b for a, b in zip(old, run.accepted_at_position)]
@@ -125,15 +127,8 @@ def _add(tally: _Tally, run: PromptRun, round_index: int) -> None:
 
 def _summary(contender: Contender, tally: _Tally, num_rounds: int) -> dict:
     tokens_per_second = [t / s for t, s in zip(tally.tokens[:num_rounds], tally.seconds[:num_rounds])]
-    forwards = tally.target_forwards if tally.counted and tally.target_forwards else None
-    if contender.k == 0:
-        acceptance_length = 1.0
-    elif forwards is None:
-        acceptance_length = None
-    elif tally.num_accepted or tally.accepted_at_position is not None:
-        acceptance_length = (tally.num_accepted + forwards) / forwards
-    else:   # only forwards known (HF): tokens per forward
-        acceptance_length = tally.tokens[0] / forwards
+    forwards = _total([f for f, _ in tally.steps]) or None
+    accepted = _total([a for _, a in tally.steps])
     by_position = None
     if forwards and tally.accepted_at_position is not None:
         by_position = [a / forwards for a in tally.accepted_at_position]
@@ -144,12 +139,17 @@ def _summary(contender: Contender, tally: _Tally, num_rounds: int) -> dict:
         "tokens_per_second_all": tokens_per_second,
         "seconds_median": statistics.median(tally.seconds[:num_rounds]),
         "generated_tokens": tally.tokens[0],
-        "acceptance_length": acceptance_length,
+        "acceptance_length": 1.0 if contender.k == 0 else acceptance_length(tally.tokens[0], forwards, accepted),
         "acceptance_by_position": by_position,
         "target_forwards": forwards,
-        "per_prompt_steps": tally.per_prompt_steps if forwards else None,
+        "per_prompt_steps": tally.steps if forwards else None,
         "output_target_ids": tally.outputs,
     }
     if tally.stats is not None:
         result["time_split_seconds_first_repeat"] = tally.stats.to_dict()["time_split_seconds"]
     return result
+
+
+def _total(counts: list[int | None]) -> int | None:
+    """Sum of per-prompt counts; None when any prompt could not report one."""
+    return None if any(c is None for c in counts) else sum(counts)

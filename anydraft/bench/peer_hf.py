@@ -85,9 +85,9 @@ class HFContender:
     """One way of running an HFPeer (target alone, assisted with k pinned, assisted at HF defaults) as a bench
     contender; several share one loaded peer."""
 
-    def __init__(self, name: str, peer: HFPeer, prompt_target_ids: list[list[int]], k: int, max_tokens: int,
+    def __init__(self, peer: HFPeer, prompt_target_ids: list[list[int]], k: int, max_tokens: int,
                  temperature: float = 0.0, pin_k: bool = True):
-        self.name, self.system = name, "hf"
+        self.system = "hf"
         self.peer, self.prompt_target_ids = peer, prompt_target_ids
         self.use_draft = k > 0
         self.k = (k if pin_k else "HF default") if self.use_draft else 0
@@ -98,6 +98,10 @@ class HFContender:
                       if key not in ("assistant_model", "tokenizer", "assistant_tokenizer")}
         self.kwargs = kwargs
         self.hf_path = peer.path_name(self.use_draft, temperature)
+        if not self.use_draft:
+            self.name = "HF target alone"
+        else:
+            self.name = f"HF assisted ({self.hf_path}{'' if pin_k else ', HF default drafting'})"
 
     def _generate(self, prompt_index: int, kwargs: dict):
         from .contenders import PromptRun

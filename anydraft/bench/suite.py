@@ -20,7 +20,7 @@ import torch
 
 from ..config import SamplingParams
 from ..eval import gsm8k
-from .contenders import EngineContender, run_rounds
+from .contenders import EngineContender, acceptance_length, run_rounds
 from .costs import ideal_speedup, measure_costs
 from .engines import build_engine, load_target, set_k
 from .inflate import InflateSpec
@@ -60,13 +60,9 @@ def _load_peers(cfg: BenchConfig, target_path: str, draft_path: str, prompt_targ
                 from .peer_hf import HFContender, HFPeer
                 _log(f"loading HF transformers target and assistant {cfg.draft}")
                 hf = HFPeer(target_path, draft_path, cfg.dtype)
-                peers.append(HFContender("HF target alone", hf, prompt_target_ids, 0, cfg.max_tokens, cfg.temperature))
-                assisted = HFContender("", hf, prompt_target_ids, cfg.k, cfg.max_tokens, cfg.temperature)
-                assisted.name = f"HF assisted ({assisted.hf_path})"
-                # Also at transformers' own drafting defaults (up to 20 tokens, confidence early-stop).
-                default = HFContender("", hf, prompt_target_ids, cfg.k, cfg.max_tokens, cfg.temperature, pin_k=False)
-                default.name = f"HF assisted ({default.hf_path}, HF default drafting)"
-                peers += [assisted, default]
+                # Assisted also at transformers' own drafting defaults (up to 20 tokens, confidence early-stop).
+                peers += [HFContender(hf, prompt_target_ids, k, cfg.max_tokens, cfg.temperature, pin_k)
+                          for k, pin_k in ((0, True), (cfg.k, True), (cfg.k, False))]
             except ImportError as e:
                 skipped["hf"] = f"transformers is not installed ({e})"
             except Exception as e:  # a peer's failure must not lose the other contenders' numbers
@@ -124,12 +120,8 @@ def _acceptance_on_identical_texts(ours: dict, peer: dict) -> dict:
 
     def acceptance(run: dict) -> float | None:
         steps = [run["per_prompt_steps"][i] for i in same]
-        forwards = sum(f for f, _ in steps)
-        if not forwards:
-            return None
-        if run["system"] == "hf":   # HF reports target forwards only: tokens per forward
-            return sum(len(run["_outputs"][i]) for i in same) / forwards
-        return (sum(a for _, a in steps) + forwards) / forwards
+        accepted = None if any(a is None for _, a in steps) else sum(a for _, a in steps)
+        return acceptance_length(sum(len(run["_outputs"][i]) for i in same), sum(f for f, _ in steps), accepted)
 
     return {"num_prompts": len(same), "anydraft": acceptance(ours), "peer": acceptance(peer)}
 
@@ -157,8 +149,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         contenders.append(EngineContender(f"anydraft same-vocab ({infos['same_vocab']['vocab_mode']})", engine,
                                           prompts, params))
     tli_engine, infos["tli"], draft_runners["draft"] = build_engine(target, cfg.draft, cfg.k, cfg.max_model_len)
-    tli = EngineContender(f"anydraft {infos['tli']['vocab_mode'].upper()}", tli_engine, prompts, params,
-                          before_run=lambda: set_k(tli_engine, cfg.k), k=cfg.k)
+    tli = EngineContender(f"anydraft {infos['tli']['vocab_mode'].upper()}", tli_engine, prompts, params)
     contenders.append(tli)
     peers = _load_peers(cfg, target.path, infos["tli"]["draft_path"], prompt_target_ids, skipped)
     contenders += peers

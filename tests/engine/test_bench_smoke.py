@@ -110,9 +110,11 @@ def test_hf_peer_pins_k_on_the_assistant(ckpts):
     from anydraft.tokenizer import Tokenizer
     ids = Tokenizer.from_dir(ckpts.smollm2_target).encode("Question: what is 2 + 3?\nAnswer:")
     peer = HFPeer(str(ckpts.smollm2_target), str(ckpts.smollm2_noisy_draft), "float32")
-    alone = HFContender("alone", peer, [ids], 0, max_tokens=6)
-    assisted = HFContender("assisted", peer, [ids], 2, max_tokens=6)
-    results = run_rounds([alone, assisted], num_prompts=1, repeats=1)
+    alone = HFContender(peer, [ids], 0, max_tokens=6)
+    assisted = HFContender(peer, [ids], 2, max_tokens=6)
+    assert (alone.name, assisted.name) == ("HF target alone", "HF assisted (assisted (same vocab))")
+    by_name = run_rounds([alone, assisted], num_prompts=1, repeats=1)
+    results = {"alone": by_name[alone.name], "assisted": by_name[assisted.name]}
     assert peer.draft.generation_config.num_assistant_tokens == 2
     assert peer.draft.generation_config.assistant_confidence_threshold == 0.0
     assert assisted.hf_path == "assisted (same vocab)" and alone.hf_path == "target alone"
@@ -127,6 +129,6 @@ def test_acceptance_on_identical_texts_uses_only_prompts_both_decoded_alike():
     from anydraft.bench.suite import _acceptance_on_identical_texts
     ours = {"system": "anydraft", "_outputs": [[1, 2, 3], [4, 5], [6]], "per_prompt_steps": [[2, 4], [1, 1], [1, 0]]}
     vllm = {"system": "vllm", "_outputs": [[1, 2, 3], [4, 9], [6]], "per_prompt_steps": [[3, 3], [1, 0], [1, 0]]}
-    hf = {"system": "hf", "_outputs": [[1, 2, 3], [4, 5], [7]], "per_prompt_steps": [[3, 0], [2, 0], [1, 0]]}
+    hf = {"system": "hf", "_outputs": [[1, 2, 3], [4, 5], [7]], "per_prompt_steps": [[3, None], [2, None], [1, None]]}
     assert _acceptance_on_identical_texts(ours, vllm) == {"num_prompts": 2, "anydraft": (4 + 3) / 3, "peer": (3 + 4) / 4}
     assert _acceptance_on_identical_texts(ours, hf) == {"num_prompts": 2, "anydraft": (5 + 3) / 3, "peer": 5 / 5}
