@@ -209,6 +209,28 @@ def optimizer_step(model, opt, loss) -> None:
     opt.zero_grad(set_to_none=True)
 
 
+def make_optimizer(model, lr: float):
+    """AdamW with weight decay on matrices only."""
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    return torch.optim.AdamW([dict(params=decay, weight_decay=0.1), dict(params=no_decay, weight_decay=0.0)],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def resume(run, model, opt, label: str):
+    """(checkpoint path, step, elapsed seconds): from run/ckpt.pt when a previous run left one, else zeros."""
+    run.mkdir(parents=True, exist_ok=True)
+    ckpt_path = run / "ckpt.pt"
+    step, t_prev = 0, 0.0
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, t_prev = ck["step"], ck.get("elapsed", 0.0)
+        print(f"{label}: resumed at step {step}", flush=True)
+    return ckpt_path, step, t_prev
+
+
 def save_checkpoint(run, ckpt_path, model, opt, step: int, elapsed: float) -> None:
     """Atomic: a run killed mid-save resumes from the previous checkpoint."""
     tmp = run / "ckpt.tmp"
@@ -237,22 +259,11 @@ def cmd_train(args):
     cfg = model_config(spec, len(used), None, None)
     model = CausalLM(cfg)
     init_weights(model, spec["layers"])
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=0.1), dict(params=no_decay, weight_decay=0.0)],
-                            lr=spec["lr"], betas=(0.9, 0.95), eps=1e-8)
+    opt = make_optimizer(model, spec["lr"])
     steps = args.steps or spec["steps"]
     warmup = 30
     run = RUNS / name
-    run.mkdir(parents=True, exist_ok=True)
-    ckpt_path = run / "ckpt.pt"
-    step, t_prev = 0, 0.0
-    if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, t_prev = ck["step"], ck.get("elapsed", 0.0)
-        print(f"{name}: resumed at step {step}", flush=True)
+    ckpt_path, step, t_prev = resume(run, model, opt, name)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{name}: {cfg.num_hidden_layers}L h{cfg.hidden_size} compact vocab {len(used)}/{n_tok}, "
           f"{n_params/1e6:.2f}M trained params, {len(docs)} docs, {steps} steps", flush=True)
@@ -353,21 +364,10 @@ def cmd_grow(args):
         probe = torch.tensor([docs[0][:64]]).apply_(lambda i: int(remap[i]))
         diff = (model.logits(model(probe)) - base.logits(base(probe))).abs().max().item()
     assert diff < 1e-4, f"grown model is not the identity at init: {diff}"
-    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=0.1), dict(params=no_decay, weight_decay=0.0)],
-                            lr=g["lr"], betas=(0.9, 0.95), eps=1e-8)
+    opt = make_optimizer(model, g["lr"])
     steps, warmup = g["steps"], 10
     run = RUNS / f"{name}-grow"
-    run.mkdir(parents=True, exist_ok=True)
-    ckpt_path = run / "ckpt.pt"
-    step, t_prev = 0, 0.0
-    if ckpt_path.exists():
-        ck = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, t_prev = ck["step"], ck.get("elapsed", 0.0)
-        print(f"{name} grow: resumed at step {step}", flush=True)
+    ckpt_path, step, t_prev = resume(run, model, opt, f"{name} grow")
     print(f"{name} grow: {base_spec['layers']} -> {spec['layers']} layers (new at {[j for j, i in enumerate(order) if i is None]}), "
           f"identity check {diff:.1e}, {steps} steps", flush=True)
     batches_per_epoch = len(make_batches(docs, 0, spec["batch"]))
