@@ -66,6 +66,10 @@ class SpeculativeConfig:
     dtype: str | None = None     # None = the target's dtype
     device: str | None = None    # None = the target's device
     resync_window: int = 6
+    # Frequency-ranked draft head (vocab/frequency.py): keep the draft_vocab_size output rows whose target
+    # tokens draft_vocab_corpus uses most. None = the whole head (TLI: the whole intersection).
+    draft_vocab_size: int | None = None
+    draft_vocab_corpus: str | None = None
 
     def __post_init__(self):
         if not self.model:
@@ -79,6 +83,16 @@ class SpeculativeConfig:
             parse_dtype(self.dtype)
         if self.resync_window < 1:
             raise ValueError(f"resync_window must be >= 1, got {self.resync_window}")
+        if self.draft_vocab_size is not None:
+            if not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size < 1:
+                raise ValueError(f"draft_vocab_size must be an integer >= 1, got {self.draft_vocab_size!r}; "
+                                 f"leave it None to keep the whole draft head")
+            if not self.draft_vocab_corpus:
+                raise ValueError("draft_vocab_size ranks the draft's tokens by how often a corpus uses them; "
+                                 "also give draft_vocab_corpus (a .jsonl or text file of in-domain text)")
+        elif self.draft_vocab_corpus:
+            raise ValueError("draft_vocab_corpus is set but draft_vocab_size is not; give the number of head rows "
+                             "to keep (e.g. 8192), or drop the corpus")
 
     @classmethod
     def from_any(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":

@@ -161,6 +161,12 @@ class Tokenizer:
             token_ids = [*token_ids, self.eos_token_ids[0]]
         return token_ids
 
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """encode() of many texts at once (the tokenizers library spreads them over the CPU cores)."""
+        if not add_special_tokens:
+            return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+        return [self.encode(text) for text in texts]
+
     @cached_property
     def _fragment_hf(self) -> HFTokenizer:
         fragment = HFTokenizer.from_str(json.dumps(_fragment_json(self._json)))

@@ -38,13 +38,16 @@ def load_target(name: str, dtype: str, max_model_len: int, inflate: InflateSpec 
     return TargetSetup(runner, tokenizer, str(path), parameter_count(model), inflate)
 
 
-def build_engine(target: TargetSetup, draft: str | None, k: int, max_model_len: int,
-                 vocab_mode: str = "auto") -> tuple[Engine, dict, ModelRunner | None]:
-    """(engine, draft_info, draft runner) for the target alone (draft None) or with a draft."""
+def build_engine(target: TargetSetup, draft: str | None, k: int, max_model_len: int, vocab_mode: str = "auto",
+                 draft_vocab_size: int | None = None, draft_vocab_corpus: str | None = None,
+                 ) -> tuple[Engine, dict, ModelRunner | None]:
+    """(engine, draft_info, draft runner) for the target alone (draft None) or with a draft; draft_vocab_size
+    cuts the draft head to its most frequent rows (vocab/frequency.py)."""
     if draft is None:
         proposer = NoDraftProposer(target.runner.device, target.runner.vocab_rows)
         return Engine(target.runner, target.tokenizer, proposer, max_model_len), {"vocab_mode": None}, None
-    spec = SpeculativeConfig(model=draft, num_speculative_tokens=k, vocab_mode=vocab_mode)
+    spec = SpeculativeConfig(model=draft, num_speculative_tokens=k, vocab_mode=vocab_mode,
+                             draft_vocab_size=draft_vocab_size, draft_vocab_corpus=draft_vocab_corpus)
     proposer, info = build_proposer(spec, target.runner, target.tokenizer, 1, max_model_len)
     return Engine(target.runner, target.tokenizer, proposer, max_model_len), info, proposer.runner
 

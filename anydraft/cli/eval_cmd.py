@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from .draft_head_args import add_draft_head_args, draft_head_options
 
 
 def add_parser(sub) -> None:
@@ -15,6 +16,7 @@ def add_parser(sub) -> None:
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model; 'none' = target alone")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--vocab-mode", default="auto", choices=["auto", "identity", "tli", "d2t"])
+    add_draft_head_args(p)
     p.add_argument("--num-questions", type=int, default=500)
     p.add_argument("--num-shots", type=int, default=0,
                    help="few-shot examples from the train split (0 suits the shipped models, trained zero-shot)")
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     shots = gsm8k.load_split(data_dir / "train.jsonl")[:args.num_shots] if args.num_shots else []
     draft = None if args.draft in (None, "none") else args.draft
     spec = None if draft is None else {"model": draft, "num_speculative_tokens": args.num_speculative_tokens,
-                                       "vocab_mode": args.vocab_mode}
+                                       "vocab_mode": args.vocab_mode, **draft_head_options(args)}
     llm = LLM(model=args.target, speculative_config=spec, dtype=args.dtype, device=args.device,
               max_num_seqs=args.batch_size, max_model_len=4096)
     prompts = [gsm8k.build_prompt(ex["question"], shots, llm.tokenizer, args.chat) for ex in test]

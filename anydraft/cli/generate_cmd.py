@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from .draft_head_args import add_draft_head_args, draft_head_options
 
 
 def add_parser(sub) -> None:
@@ -19,6 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-draft", action="store_true", help="decode with the target alone")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
     p.add_argument("--vocab-mode", default="auto", choices=["auto", "identity", "tli", "d2t"])
+    add_draft_head_args(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if args.no_draft:
         draft = None
     spec = None if draft is None else {"model": draft, "num_speculative_tokens": args.num_speculative_tokens,
-                                       "vocab_mode": args.vocab_mode}
+                                       "vocab_mode": args.vocab_mode, **draft_head_options(args)}
     prompt = args.prompt.replace("\\n", "\n")
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens, stop=args.stop)

@@ -7,8 +7,9 @@ from ..config import SpeculativeConfig, parse_dtype, resolve_device
 from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
 from ..tokenizer import Tokenizer
-from ..vocab.cache import load_or_build_bridge
+from ..vocab.cache import default_cache_dir, load_or_build_bridge
 from ..vocab.d2t import validate_d2t
+from ..vocab.frequency import load_or_count, most_frequent
 from ..vocab.resync import DraftResync
 from .draft_proposer import DraftModelProposer
 from .draft_vocab import DraftVocab, ResyncContextSync, SharedVocabSync
@@ -30,6 +31,21 @@ def _same_vocabulary(target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer) ->
     target_table, draft_table = target_tokenizer.token_table, draft_tokenizer.token_table
     return (target_table.token_bytes == draft_table.token_bytes and target_table.token_kinds == draft_table.token_kinds
             and target_tokenizer.special_ids == draft_tokenizer.special_ids)
+
+
+def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candidate_target_ids: torch.Tensor,
+                    target_tokenizer: Tokenizer, target_vocab_rows: int, info: dict) -> torch.Tensor:
+    """The draft head rows to keep: all candidates, or the draft_vocab_size most frequent in the corpus."""
+    if spec.draft_vocab_size is None:
+        return candidate_rows
+    counts = load_or_count(target_tokenizer, spec.draft_vocab_corpus, target_vocab_rows, default_cache_dir())
+    specials = torch.tensor(sorted(target_tokenizer.special_ids), dtype=torch.long)
+    ranked = most_frequent(candidate_target_ids, counts, torch.isin(candidate_target_ids, specials),
+                           spec.draft_vocab_size)
+    info["draft_vocab"] = {"size": len(ranked.keep), "asked": spec.draft_vocab_size, "of": len(candidate_rows),
+                           "corpus": str(spec.draft_vocab_corpus), "corpus_tokens": ranked.corpus_tokens,
+                           "corpus_coverage_pct": round(100 * ranked.coverage, 3)}
+    return candidate_rows[ranked.keep]
 
 
 def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenizer: Tokenizer,
@@ -58,8 +74,17 @@ def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenize
         if not same_vocabulary:
             raise ValueError("vocab_mode 'identity' needs the same tokenizer for draft and target, but they differ "
                              f"(intersection {bridge.stats.intersection} tokens); use vocab_mode 'tli' or 'auto'")
-        vocab = DraftVocab("identity", None, None, target.vocab_rows, SharedVocabSync())
+        if spec.draft_vocab_size is None:
+            vocab = DraftVocab("identity", None, None, target.vocab_rows, SharedVocabSync())
+        else:  # same ids on both sides; the head keeps the most frequent rows, which are then target ids too
+            rows = torch.arange(min(runner.num_token_rows, target.num_token_rows))
+            keep = _rank_head_rows(spec, rows, rows, target_tokenizer, target.vocab_rows, info)
+            runner.prune_head(keep)
+            vocab = DraftVocab("identity", keep.to(device), keep.to(device), target.vocab_rows, SharedVocabSync())
     elif mode == "d2t":
+        if spec.draft_vocab_size is not None:
+            raise ValueError(f"{path}: the draft head is already reduced by its d2t table; leave draft_vocab_size "
+                             f"unset")
         if not has_d2t:
             raise ValueError(f"vocab_mode 'd2t' needs d2t/t2d tables in {path} (model.safetensors or d2t.safetensors)")
         if not same_vocabulary:
@@ -72,6 +97,7 @@ def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenize
         vocab = DraftVocab("d2t", head_to_target, head_to_target, target.vocab_rows, SharedVocabSync())
     else:  # tli
         keep = bridge.pruned_draft_rows()
+        keep = _rank_head_rows(spec, keep, bridge.draft_to_target[keep], target_tokenizer, target.vocab_rows, info)
         runner.prune_head(keep)
         head_to_target = bridge.draft_to_target[keep].to(device)
         resync = DraftResync(bridge, target_tokenizer, draft_tokenizer, window=spec.resync_window)

@@ -1,0 +1,116 @@
+"""Frequency-ranked draft heads: keep only the N draft output rows whose target tokens a corpus uses most.
+
+Why: a draft proposes one token per forward, and on CPU (and for small drafts on any device) its output
+head is the costliest part of that forward: memory-bound, one row read per vocabulary entry. Text uses
+few of them: GSM8K's training split, tokenized by qwen3, touches ~13k distinct tokens. A head cut to the
+most frequent N target tokens (as FR-Spec and EAGLE-3's 32k draft vocabularies do) proposes the same
+tokens on such text at a fraction of the cost. The target still verifies every token, so the output is
+unchanged whatever the cut; only acceptance can drop, when the draft's favourite token was cut.
+
+Counts are over the *target* tokenization of the corpus: a proposal is accepted only when it is the
+target's token, so that is the distribution the head must cover. Special tokens (EOS, ...) are always kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from anydraft.tokenizer import Tokenizer
+
+COUNTS_FORMAT = "1"  # bump when counting rules change: cached counts stop matching
+
+
+def read_corpus(path: str | Path) -> list[str]:
+    """Documents of a corpus file: .jsonl -> per line, its string fields joined by newlines (GSM8K's question
+    and answer); any other file -> text split at blank lines."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"draft vocab corpus {path}: no such file; give a .jsonl or text file")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        documents = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{number}: not JSON ({e.msg}); a .jsonl corpus needs one object per line") from e
+            values = [record] if isinstance(record, str) else (
+                [v for v in record.values() if isinstance(v, str)] if isinstance(record, dict) else [])
+            documents.append("\n".join(values))
+    else:
+        documents = [part.strip("\n") for part in text.split("\n\n")]
+    documents = [d for d in documents if d.strip()]
+    if not documents:
+        raise ValueError(f"draft vocab corpus {path} holds no text")
+    return documents
+
+
+def count_target_tokens(tokenizer: Tokenizer, documents: list[str], vocab_rows: int) -> torch.Tensor:
+    """[vocab_rows] int64: how often each target id occurs in the documents (no special tokens added)."""
+    counts = torch.zeros(vocab_rows, dtype=torch.long)
+    for token_ids in tokenizer.encode_batch(documents, add_special_tokens=False):
+        in_rows = torch.tensor([t for t in token_ids if t < vocab_rows], dtype=torch.long)
+        counts += torch.bincount(in_rows, minlength=vocab_rows)
+    return counts
+
+
+def _counts_cache_file(cache_dir: Path, tokenizer: Tokenizer, corpus_bytes: bytes, vocab_rows: int) -> Path:
+    key = hashlib.sha256(f"anydraft-counts-v{COUNTS_FORMAT}:{tokenizer.content_hash}:{vocab_rows}:".encode()
+                         + hashlib.sha256(corpus_bytes).digest()).hexdigest()
+    return cache_dir / f"counts-{key[:40]}.pt"
+
+
+def load_or_count(tokenizer: Tokenizer, corpus: str | Path, vocab_rows: int, cache_dir: Path | None) -> torch.Tensor:
+    """count_target_tokens of a corpus file, cached by tokenizer and corpus *contents* (a rewritten file recounts)."""
+    documents = read_corpus(corpus)
+    if cache_dir is None:
+        return count_target_tokens(tokenizer, documents, vocab_rows)
+    path = _counts_cache_file(cache_dir, tokenizer, Path(corpus).read_bytes(), vocab_rows)
+    try:
+        counts = torch.load(path, weights_only=True)
+        if isinstance(counts, torch.Tensor) and counts.shape == (vocab_rows,) and counts.dtype == torch.long:
+            return counts
+    except (OSError, RuntimeError, EOFError, ValueError):
+        pass  # missing or unreadable entry: count again and overwrite it
+    counts = count_target_tokens(tokenizer, documents, vocab_rows)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{id(counts)}.tmp")
+        torch.save(counts, tmp)
+        tmp.replace(path)   # atomic: a reader sees a whole entry or none
+    except OSError:
+        pass  # an unwritable cache only costs the next load a recount
+    return counts
+
+
+@dataclass
+class RankedHead:
+    keep: torch.Tensor          # [N] sorted positions into the candidate list that stay in the head
+    coverage: float             # share of the corpus's candidate-token occurrences the kept rows cover
+    corpus_tokens: int          # occurrences of candidate tokens in the corpus
+
+
+def most_frequent(candidate_target_ids: torch.Tensor,  # [C] target id of each candidate head row
+                  counts: torch.Tensor,                # [V_target_rows] corpus occurrences per target id
+                  always_keep: torch.Tensor,           # [C] bool: special tokens, kept whatever their count
+                  limit: int) -> RankedHead:
+    """The `limit` candidates used most by the corpus (ties: lower target id first), specials first."""
+    if limit < 1:
+        raise ValueError(f"draft_vocab_size must be >= 1, got {limit}")
+    candidate_counts = counts[candidate_target_ids]
+    # Specials rank above every counted token; stable sort on (-count) keeps target-id order within ties.
+    score = torch.where(always_keep, torch.iinfo(torch.long).max, candidate_counts)
+    order = torch.sort(candidate_target_ids).indices
+    order = order[torch.sort(-score[order], stable=True).indices]
+    keep = order[:limit].sort().values
+    total = int(candidate_counts.sum())
+    covered = int(candidate_counts[keep].sum())
+    return RankedHead(keep=keep, coverage=covered / total if total else 0.0, corpus_tokens=total)
