@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny_models import TOKENIZERS, Checkpoints, LLMCache, gsm8k_questions
+from tiny_models import GSM8K_TEST, TOKENIZERS, Checkpoints, LLMCache, gsm8k_questions
 
 if not TOKENIZERS.is_dir():
     pytest.skip(f"real tokenizers not found at {TOKENIZERS}", allow_module_level=True)
@@ -38,3 +38,11 @@ def prompts() -> list[str]:
     questions = gsm8k_questions(6, start=10)
     return [questions[0].split()[0], " ".join(questions[1].split()[:12]), questions[2],
             " ".join(questions[3].split()[:25]), "Answer: 12 + 7 =", questions[5]]
+
+
+@pytest.fixture(scope="session")
+def draft_vocab_corpus(tmp_path_factory):
+    """A small in-domain corpus for frequency-ranked draft heads: 300 GSM8K *train* records (.jsonl)."""
+    path = tmp_path_factory.mktemp("corpus") / "train300.jsonl"
+    path.write_text("\n".join(GSM8K_TEST.with_name("train.jsonl").read_text().splitlines()[:300]) + "\n")
+    return path

@@ -37,6 +37,22 @@ def test_bench_runs_every_anydraft_contender(ckpts):
     json.dumps(result)   # the JSON file must serialize
 
 
+def test_frequency_ranked_heads_add_their_own_rows(ckpts, draft_vocab_corpus):
+    result = run_bench(_config(ckpts, sweep_ks=[], draft_vocab_size=512, draft_vocab_corpus=str(draft_vocab_corpus)))
+    names = [r["name"] for r in result["runs"]]
+    assert names == ["anydraft target alone", "anydraft same-vocab (identity)", "anydraft TLI",
+                     "anydraft same-vocab (identity) + FR head 512", "anydraft TLI + FR head 512"]
+    for run in result["runs"]:
+        assert run["exact_matches_vs_target_alone"] == 2
+    for key in ("same_vocab_fr", "tli_fr"):
+        assert result["draft_info"][key]["draft_head_rows"] == 512
+    # each row's cost model uses its own draft's measured cost
+    costs = result["costs"]
+    assert costs["tli_fr_draft_seconds"] > 0 and costs["same_vocab_fr_draft_seconds"] > 0
+    assert result["runs"][4]["ideal_speedup"] != result["runs"][2]["ideal_speedup"]
+    assert "T_draft (TLI, FR head)" in markdown_table(result)
+
+
 def test_inflated_target_is_labelled_emulated_and_decodes_the_same(ckpts):
     result = run_bench(_config(ckpts, same_vocab_draft=None, sweep_ks=[], peers=("hf", "vllm"),
                                inflate=parse_inflate_spec("4x256")))

@@ -69,6 +69,8 @@ def test_plain_output_is_text_then_a_stats_line(ckpts, capsys):
     (["--draft", "/nonexistent/draft"], "/nonexistent/draft: not a checkpoint directory"),
     (["--draft", "{tokenizer_only}"], "no config.json"),
     (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--draft-vocab-size", "64"], "also give draft_vocab_corpus"),
+    (["--draft-vocab-size", "64", "--draft-vocab-corpus", "/nonexistent/c.jsonl"], "/nonexistent/c.jsonl: no such file"),
 ])
 def test_bad_input_exits_2_with_one_line(ckpts, capsys, bad_args, message):
     if "cuda" in bad_args and torch.cuda.is_available():
@@ -87,3 +89,17 @@ def test_bad_input_exits_2_with_one_line(ckpts, capsys, bad_args, message):
 def test_empty_prompt_exits_2(ckpts, capsys):
     code, _, err = _generate(capsys, "--target", str(ckpts.gpt2_target), "--no-draft", "--device", "cpu", "")
     assert code == 2 and "prompt is empty" in err and "Traceback" not in err
+
+
+def test_frequency_ranked_head_flags(ckpts, capsys, draft_vocab_corpus):
+    """--draft-vocab-size/--draft-vocab-corpus cut the TLI head; the text is the same as with the whole head."""
+    args = ["--target", str(ckpts.qwen3_target), "--draft", str(ckpts.llama2_draft), "--dtype", "float64",
+            "--device", "cpu", "--max-tokens", "16", "--json", PROMPT]
+    code, out, err = _generate(capsys, "--draft-vocab-size", "128", "--draft-vocab-corpus", str(draft_vocab_corpus),
+                               *args)
+    assert code == 0, err
+    cut = json.loads(out)
+    assert cut["draft_info"]["draft_head_rows"] == 128 and cut["draft_info"]["draft_vocab"]["asked"] == 128
+    code, out, err = _generate(capsys, *args)
+    assert code == 0, err
+    assert cut["token_ids"] == json.loads(out)["token_ids"]

@@ -11,7 +11,9 @@ import pytest
 
 from anydraft.config import SamplingParams
 
-from tiny_models import reference_greedy
+from anydraft.vocab.cache import load_or_build_bridge
+
+from tiny_models import reference_greedy, tokenizer_of
 
 # (case, target checkpoint, draft checkpoint, vocab mode auto must pick, k, draft agrees partly)
 CASES = [
@@ -74,3 +76,40 @@ def test_identity_with_more_draft_rows_samples_within_the_target_vocabulary(ckpt
     vocab_size = llm.tokenizer.vocab_size
     assert all(0 <= t < vocab_size for o in outputs for t in o.token_ids)
     assert sum(o.metrics["num_accepted"] for o in outputs) > 0
+
+
+# (case, target, draft, vocab mode, head rows kept): heads cut hard, so the draft's favourite is often cut
+FR_CASES = [
+    ("tli_fr_head", "qwen3_target", "llama2_draft", "tli", 96),
+    ("identity_fr_head", "smollm2_target", "smollm2_noisy_draft", "identity", 64),
+]
+
+
+@pytest.mark.parametrize("case, target, draft, mode, head_rows", FR_CASES, ids=[c[0] for c in FR_CASES])
+def test_frequency_ranked_head_matches_target_alone(ckpts, llms, prompts, draft_vocab_corpus, case, target, draft,
+                                                    mode, head_rows):
+    """A draft head cut to its most frequent rows changes what is proposed, never what is output."""
+    target_dir, draft_dir = getattr(ckpts, target), getattr(ckpts, draft)
+    llm = llms.get(target_dir, draft_dir, k=3, draft_vocab_size=head_rows, draft_vocab_corpus=str(draft_vocab_corpus))
+    info = llm.draft_info
+    assert info["vocab_mode"] == mode and info["draft_head_rows"] == head_rows == info["draft_vocab"]["size"]
+    assert 0 < info["draft_vocab"]["corpus_coverage_pct"] < 100
+    head_targets = set(llm.proposer.vocab.head_to_target.tolist())
+    bridge = load_or_build_bridge(llm.tokenizer, tokenizer_of(draft_dir), llm.target.vocab_rows,
+                                  llm.proposer.runner.vocab_rows)
+    proposable_eos = [t for t in llm.tokenizer.eos_token_ids if bridge.is_identity or bridge.target_to_draft[t] >= 0]
+    assert proposable_eos and set(proposable_eos) <= head_targets   # specials stay in the head whatever their count
+    max_tokens = [24, 17, 30, 24, 9, 24]
+    outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
+    for prompt, n, out in zip(prompts, max_tokens, outputs):
+        assert out.token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
+    proposed = sum(o.metrics["num_drafted"] for o in outputs)
+    assert proposed > 0
+
+
+def test_frequency_ranked_head_is_refused_for_a_reduced_d2t_head(ckpts, draft_vocab_corpus):
+    from anydraft.llm import LLM
+    with pytest.raises(ValueError, match="already reduced"):
+        LLM(model=str(ckpts.smollm2_target), dtype="float64", device="cpu", max_model_len=64,
+            speculative_config={"model": str(ckpts.smollm2_d2t_draft), "draft_vocab_size": 8,
+                                "draft_vocab_corpus": str(draft_vocab_corpus)})

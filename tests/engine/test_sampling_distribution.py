@@ -3,8 +3,9 @@
 The target is peaked (scaled head), so a handful of tokens carry most of the mass; rarer tokens are binned
 together. Its vocabulary is GPT-2 cut to 1024 merges (1281 tokens, 1296 rows) so that drawing noise over the
 vocabulary stays cheap. Drafts: a noisy copy (identity) and a copy on another tokenizer (GPT-2 cut to 768
-merges, ids shuffled: TLI with 256 target tokens outside the intersection), and a reduced head (d2t: 640
-of 1296 rows, the tokens most frequent in GSM8K questions). All disagree with the target
+merges, ids shuffled: TLI with 256 target tokens outside the intersection), that TLI draft with its head
+cut to 200 frequency-ranked rows (tli_fr), and a reduced head (d2t: 640 of 1296 rows, the tokens most
+frequent in GSM8K questions). All disagree with the target
 often (total variation ~0.5), so recovered tokens come from the residual max(p - q, 0) in many steps.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ P_VALUE_MIN = 1e-3
 NUM_SAMPLES = 3072
 K = 3
 PROMPT = "The answer is"
-SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000, "d2t": 3_000_000}
+SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000, "d2t": 3_000_000, "tli_fr": 4_000_000}
+FR_HEAD_ROWS = 200   # tli_fr: the TLI draft's head cut to the 200 rows GSM8K train uses most
 
 
 def goodness_of_fit(target_ids: list[int], probs: torch.Tensor, min_expected: float = 5.0) -> float:
@@ -55,7 +57,7 @@ def two_sample(a: list, b: list, min_count: int = 10) -> float:
 
 
 @pytest.fixture(scope="module")
-def samples(ckpts, llms):
+def samples(ckpts, llms, draft_vocab_corpus):
     """(first, second) target ids of NUM_SAMPLES requests per setting, each request seeded differently."""
     cache = {}
 
@@ -63,8 +65,12 @@ def samples(ckpts, llms):
         key = (kind, temperature, top_k)
         if key not in cache:
             draft = {"target_alone": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft,
-                     "d2t": ckpts.small_d2t_draft}[kind]
-            llm = llms.get(ckpts.small_target, draft, k=K, max_num_seqs=64, dtype="float32")
+                     "d2t": ckpts.small_d2t_draft, "tli_fr": ckpts.small_tli_draft}[kind]
+            head = ({"draft_vocab_size": FR_HEAD_ROWS, "draft_vocab_corpus": str(draft_vocab_corpus)}
+                    if kind == "tli_fr" else {})
+            llm = llms.get(ckpts.small_target, draft, k=K, max_num_seqs=64, dtype="float32", **head)
+            if head:
+                assert llm.proposer.runner.head_rows == FR_HEAD_ROWS
             seed = SEED_BASE[kind] + int(temperature * 1000) + top_k
             params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=2, seed=seed + i)
                       for i in range(NUM_SAMPLES)]
@@ -83,7 +89,7 @@ def samples(ckpts, llms):
     return get
 
 
-@pytest.mark.parametrize("kind", ["target_alone", "identity", "tli", "d2t"])
+@pytest.mark.parametrize("kind", ["target_alone", "identity", "tli", "d2t", "tli_fr"])
 def test_first_token_follows_exact_target_softmax(ckpts, samples, kind):
     first_target_ids = [pair[0] for pair in samples(kind)]
     probs = reference_first_token_probs(ckpts.small_target, PROMPT)
@@ -94,7 +100,7 @@ def test_first_token_follows_exact_target_softmax(ckpts, samples, kind):
     assert p_value > P_VALUE_MIN
 
 
-@pytest.mark.parametrize("kind", ["identity", "tli"])
+@pytest.mark.parametrize("kind", ["identity", "tli", "tli_fr"])
 def test_first_two_tokens_match_target_alone(samples, kind):
     """Joint (first, second) distribution: the second token is an accepted draft or a recovered/bonus one."""
     p_value = two_sample(samples(kind), samples("target_alone"))

@@ -398,12 +398,13 @@ class LLMCache:
         self._llms = {}
 
     def get(self, target: Path, draft: Path | None = None, k: int = 3, vocab_mode: str = "auto",
-            max_num_seqs: int = 4, dtype: str = "float64", max_model_len: int = 256):
+            max_num_seqs: int = 4, dtype: str = "float64", max_model_len: int = 256, **spec_options):
         from anydraft.llm import LLM
-        key = (str(target), str(draft), k, vocab_mode, max_num_seqs, dtype, max_model_len)
+        key = (str(target), str(draft), k, vocab_mode, max_num_seqs, dtype, max_model_len,
+               tuple(sorted(spec_options.items())))
         if key not in self._llms:
             spec = None if draft is None else {"model": str(draft), "num_speculative_tokens": k,
-                                               "vocab_mode": vocab_mode}
+                                               "vocab_mode": vocab_mode, **spec_options}
             self._llms[key] = LLM(model=str(target), speculative_config=spec, dtype=dtype, device="cpu",
                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len)
         return self._llms[key]
