@@ -74,11 +74,12 @@ def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenize
         if not same_vocabulary:
             raise ValueError("vocab_mode 'identity' needs the same tokenizer for draft and target, but they differ "
                              f"(intersection {bridge.stats.intersection} tokens); use vocab_mode 'tli' or 'auto'")
-        if spec.draft_vocab_size is None:
+        rows = torch.arange(min(runner.num_token_rows, target.num_token_rows))
+        keep = rows if spec.draft_vocab_size is None else _rank_head_rows(
+            spec, rows, rows, target_tokenizer, target.vocab_rows, info)
+        if len(keep) == len(rows):
             vocab = DraftVocab("identity", None, None, target.vocab_rows, SharedVocabSync())
         else:  # same ids on both sides; the head keeps the most frequent rows, which are then target ids too
-            rows = torch.arange(min(runner.num_token_rows, target.num_token_rows))
-            keep = _rank_head_rows(spec, rows, rows, target_tokenizer, target.vocab_rows, info)
             runner.prune_head(keep)
             vocab = DraftVocab("identity", keep.to(device), keep.to(device), target.vocab_rows, SharedVocabSync())
     elif mode == "d2t":

@@ -29,10 +29,17 @@ COUNTS_FORMAT = "1"  # bump when counting rules change: cached counts stop match
 def read_corpus(path: str | Path) -> list[str]:
     """Documents of a corpus file: .jsonl -> per line, its string fields joined by newlines (GSM8K's question
     and answer); any other file -> text split at blank lines."""
-    path = Path(path)
+    return _parse_corpus(Path(path), _read_bytes(Path(path)))
+
+
+def _read_bytes(path: Path) -> bytes:
     if not path.is_file():
         raise FileNotFoundError(f"draft vocab corpus {path}: no such file; give a .jsonl or text file")
-    text = path.read_text(encoding="utf-8")
+    return path.read_bytes()
+
+
+def _parse_corpus(path: Path, raw: bytes) -> list[str]:
+    text = raw.decode("utf-8")
     if path.suffix == ".jsonl":
         documents = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -70,17 +77,17 @@ def _counts_cache_file(cache_dir: Path, tokenizer: Tokenizer, corpus_bytes: byte
 
 def load_or_count(tokenizer: Tokenizer, corpus: str | Path, vocab_rows: int, cache_dir: Path | None) -> torch.Tensor:
     """count_target_tokens of a corpus file, cached by tokenizer and corpus *contents* (a rewritten file recounts)."""
-    documents = read_corpus(corpus)
+    raw = _read_bytes(Path(corpus))
     if cache_dir is None:
-        return count_target_tokens(tokenizer, documents, vocab_rows)
-    path = _counts_cache_file(cache_dir, tokenizer, Path(corpus).read_bytes(), vocab_rows)
+        return count_target_tokens(tokenizer, _parse_corpus(Path(corpus), raw), vocab_rows)
+    path = _counts_cache_file(cache_dir, tokenizer, raw, vocab_rows)
     try:
         counts = torch.load(path, weights_only=True)
         if isinstance(counts, torch.Tensor) and counts.shape == (vocab_rows,) and counts.dtype == torch.long:
             return counts
     except (OSError, RuntimeError, EOFError, ValueError):
         pass  # missing or unreadable entry: count again and overwrite it
-    counts = count_target_tokens(tokenizer, documents, vocab_rows)
+    counts = count_target_tokens(tokenizer, _parse_corpus(Path(corpus), raw), vocab_rows)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{id(counts)}.tmp")
