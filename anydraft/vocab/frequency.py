@@ -121,3 +121,25 @@ def most_frequent(candidate_target_ids: torch.Tensor,  # [C] target id of each c
     total = int(candidate_counts.sum())
     covered = int(candidate_counts[keep].sum())
     return RankedHead(keep=keep, coverage=covered / total if total else 0.0, corpus_tokens=total)
+
+
+def coverage_report(candidate_target_ids: torch.Tensor,  # [C] target ids a draft head may propose
+                    counts: torch.Tensor,                # [V_target_rows] corpus occurrences per target id
+                    always_keep: torch.Tensor,           # [C] bool
+                    sizes: list[int]) -> dict:
+    """How much of a corpus a draft head can propose: all candidates, top-N cuts, and the N that reach 99% /
+    99.9% of the candidates' occurrences (for choosing draft_vocab_size)."""
+    total = int(counts.sum())
+    candidate_counts = counts[candidate_target_ids]
+    proposable = int(candidate_counts.sum())
+    # Occurrences accumulated in rank order (specials first, then by count; ties do not change the sums).
+    score = torch.where(always_keep, torch.iinfo(torch.long).max, candidate_counts)
+    cumulative = candidate_counts[torch.sort(-score, stable=True).indices].cumsum(0)
+    size_for = {}
+    for share in (0.99, 0.999):
+        reached = torch.nonzero(cumulative >= share * proposable).flatten()
+        size_for[f"{share:g}"] = int(reached[0]) + 1 if proposable and len(reached) else None
+    cuts = [{"size": n, "coverage_pct": round(100 * most_frequent(candidate_target_ids, counts, always_keep, n)
+                                              .coverage, 3)} for n in sizes if n < len(candidate_target_ids)]
+    return {"corpus_tokens": total, "proposable_pct": round(100 * proposable / total, 3) if total else 0.0,
+            "distinct_used": int((candidate_counts > 0).sum()), "cuts": cuts, "size_for_coverage": size_for}

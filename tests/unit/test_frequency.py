@@ -89,3 +89,15 @@ def test_counts_cache_is_keyed_by_corpus_contents(load_tokenizer, tmp_path, monk
 def test_config_says_what_to_change(fields, message):
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig(model="d", **fields)
+
+
+def test_coverage_report_on_hand_made_counts():
+    from anydraft.vocab.frequency import coverage_report
+    counts = torch.zeros(10, dtype=torch.long)
+    counts[[1, 2, 3, 7]] = torch.tensor([60, 30, 9, 1])     # token 7 (count 1) cannot be proposed
+    candidates = torch.tensor([3, 1, 2, 0])                 # token 0: proposable, never used
+    report = coverage_report(candidates, counts, torch.zeros(4, dtype=torch.bool), [1, 2, 8])
+    assert report["corpus_tokens"] == 100 and report["proposable_pct"] == 99.0 and report["distinct_used"] == 3
+    assert report["cuts"] == [{"size": 1, "coverage_pct": round(100 * 60 / 99, 3)},
+                              {"size": 2, "coverage_pct": round(100 * 90 / 99, 3)}]   # 8 >= 4 candidates: left out
+    assert report["size_for_coverage"] == {"0.99": 3, "0.999": 3}

@@ -72,3 +72,19 @@ def test_error_in_a_real_process_has_no_traceback(tmp_path):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "tokenizer.json: missing" in result.stderr
+
+
+def test_corpus_coverage_report(shared_dir, tmp_path, capsys):
+    """--draft-vocab-corpus: the share of the corpus's target tokens the draft can propose, and per head cut."""
+    gpt2, mistral = (str(shared_dir / "tokenizers" / n) for n in ("gpt2", "mistral_v0.1"))
+    corpus = tmp_path / "train.jsonl"
+    corpus.write_text("\n".join((shared_dir / "data" / "gsm8k" / "train.jsonl").read_text().splitlines()[:200]))
+    report = run_json(capsys, gpt2, mistral, "--draft-vocab-corpus", str(corpus), "--cache-dir", str(tmp_path))
+    coverage = report["draft_vocab_corpus"]
+    assert 50 < coverage["proposable_pct"] < 100   # some GPT-2 tokens of this text have no Mistral twin
+    assert [c["size"] for c in coverage["cuts"]] == [2048, 4096, 8192, 16384]   # < the 20k-token intersection
+    percents = [c["coverage_pct"] for c in coverage["cuts"]]
+    assert percents == sorted(percents) and percents[-1] == 100.0   # a few thousand tokens used in 200 records
+    assert coverage["size_for_coverage"]["0.99"] <= coverage["size_for_coverage"]["0.999"] <= coverage["distinct_used"] + 5
+    assert main(["vocab", gpt2, mistral, "--draft-vocab-corpus", str(corpus), "--cache-dir", str(tmp_path)]) == 0
+    assert "99% needs" in capsys.readouterr().out
