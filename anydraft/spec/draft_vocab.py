@@ -2,9 +2,11 @@
 
 Three kinds, one shape: `head_to_target` maps a draft output row to a target id (None = identity), and
 `sync` turns appended target ids into the draft's own input ids.
-- identity: same tokenizer, no table; the draft reads target ids.
+- identity: same tokenizer, no table; the draft reads target ids. With a frequency-ranked head
+  (vocab/frequency.py) the table lists the kept rows, which are target ids.
 - d2t: same tokenizer, reduced head; target_id = head_row + d2t[head_row]; the draft reads target ids.
-- tli: other tokenizer; the head is pruned to the intersection; the draft reads its own ids, re-synced.
+- tli: other tokenizer; the head is pruned to the intersection (or its most frequent part); the draft
+  reads its own ids, re-synced.
 """
 from __future__ import annotations
 
