@@ -11,7 +11,7 @@ class CacheWindow:
     """What every layer needs for one forward over S new tokens of some cache rows (built once per forward)."""
     rows: torch.Tensor | None   # [B] slot indices on device; None = all slots, in order
     positions: torch.Tensor     # [B, S] absolute positions of the new tokens
-    mask: torch.Tensor          # [B, 1, S, T] True = key visible
+    mask: torch.Tensor          # [B, 1, S, T] additive, in the cache's dtype: 0 = key visible, -inf = hidden
     num_keys: int               # T = max(length) + S over the rows
     single_row: tuple[int, int] | None = None   # (row, start) when B = 1 and nothing is padded: plain slicing
 
@@ -74,7 +74,9 @@ class KVCache:
         positions = lengths_t[:, None] + torch.arange(num_new, device=self.device)[None, :]   # [B, S]
         positions = positions.clamp(max=self.max_len)  # padding past max_len all goes to the padding slot
         key_pos = torch.arange(end, device=self.device)
-        mask = (key_pos[None, None, :] <= positions[:, :, None])[:, None]                       # [B, 1, S, T]
+        visible = (key_pos[None, None, :] <= positions[:, :, None])[:, None]                    # [B, 1, S, T]
+        # Additive once per forward: attention would turn a bool mask into this very tensor in every layer.
+        mask = torch.zeros(visible.shape, dtype=self.k.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
         rows_t = None if rows is None else torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
         # Batch 1 (the latency case) writes and reads by slicing: no index_put, no gathered copy of the cache.
         single = (row_list[0], lengths[0]) if len(row_list) == 1 and lengths[0] + num_new <= self.max_len else None

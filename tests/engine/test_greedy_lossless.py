@@ -47,7 +47,8 @@ def test_batch_of_one_matches_target_alone(ckpts, llms, prompts, case, target, d
     assert out.metrics["vocab_mode"] == mode
     assert 1 <= out.metrics["acceptance_length"] <= k + 1
     split = out.metrics["time_split_seconds"]
-    assert split["draft"] > 0 and split["target"] > 0 and sum(split.values()) <= llm.stats.wall_seconds
+    # The split is reported rounded to 0.1 ms per part: allow that rounding, nothing more.
+    assert split["draft"] > 0 and split["target"] > 0 and sum(split.values()) <= llm.stats.wall_seconds + 1.5e-4
 
 
 @pytest.mark.parametrize("case, target, draft, mode, k, partial", CASES, ids=IDS)
