@@ -158,3 +158,22 @@ def test_missing_weights_are_an_error(tmp_path):
     (path / "model.safetensors").unlink()
     with pytest.raises(UnsupportedModelError, match="safetensors"):
         load_model(path, torch.float32, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("num_new", [1, 4])
+def test_additive_window_mask_attends_exactly_as_a_bool_mask(num_new):
+    """CacheWindow.mask is additive (built once per forward); attention must give the very same bf16 output
+    as with the bool mask it replaces."""
+    from anydraft.model.kv_cache import KVCache
+    cache = KVCache(1, 2, 64, 1, 16, torch.bfloat16, "cpu")
+    cache.lengths = [37, 20]
+    win = cache.window([0, 1], num_new)
+    visible = win.mask == 0
+    assert set(win.mask.unique().tolist()) == {0.0, float("-inf")} and win.mask.dtype == torch.bfloat16
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 3, num_new, 16, generator=generator).bfloat16()
+    k, v = (torch.randn(2, 1, win.num_keys, 16, generator=generator).bfloat16() for _ in range(2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    assert torch.equal(sdpa(q, k, v, attn_mask=win.mask, enable_gqa=True),
+                       sdpa(q, k, v, attn_mask=visible, enable_gqa=True))
+    assert visible[1, 0, -1].sum() == 20 + num_new   # row 1 sees its 20 cached keys and the new ones
