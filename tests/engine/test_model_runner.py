@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 from anydraft.model.config import ModelConfig, UnsupportedModelError
 from anydraft.model.llama import CausalLM
 from anydraft.model.loader import load_model
+from anydraft.model.packed_linear import can_pack, pack_linears
 from anydraft.model.runner import ModelRunner
 
 transformers = pytest.importorskip("transformers")
@@ -73,11 +74,14 @@ def test_logits_match_transformers(tmp_path, arch, tie):
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_runner_inference_layout_gives_the_same_logits(tmp_path, arch, dtype):
-    """The runner fuses q/k/v and gate/up (and prepacks bf16 weights on CPU); logits stay bit-identical
-    to the model as loaded (the layout training uses)."""
+    """The runner fuses q/k/v and gate/up; logits stay bit-identical to the model as loaded (the layout
+    training uses). In bf16 on CPU both sides get the same kernels (pack_linears: fp32 GEMM for small
+    weights, oneDNN-prepacked otherwise), so what is compared is the fusion."""
     path = write_random_checkpoint(tmp_path / "ckpt", arch, tie=True)
     input_ids = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(4))
     plain, _ = load_model(path, dtype, torch.device("cpu"))
+    if can_pack(torch.device("cpu"), dtype):
+        pack_linears(plain)
     runner = ModelRunner.load(path, dtype, torch.device("cpu"), max_batch=2, max_len=32)
     assert runner.model.model.layers[0].self_attn.q_proj is None   # fused
     with torch.inference_mode():
