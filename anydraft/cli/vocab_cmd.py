@@ -10,7 +10,7 @@ import torch
 
 from anydraft.tokenizer import Tokenizer
 from anydraft.vocab.cache import default_cache_dir, load_or_build_bridge
-from anydraft.vocab.frequency import coverage_report, load_or_count
+from anydraft.vocab.frequency import coverage_report, load_or_count, specials_among
 
 CUT_SIZES = [2048, 4096, 8192, 16384, 32768]
 
@@ -23,7 +23,7 @@ def _corpus_coverage(args, bridge, target_tokenizer: Tokenizer) -> dict:
         candidates = torch.arange(min(bridge.target_vocab_rows, target_tokenizer.vocab_size))
     else:
         candidates = bridge.draft_to_target[bridge.pruned_draft_rows()]
-    specials = torch.isin(candidates, torch.tensor(sorted(target_tokenizer.special_ids), dtype=torch.long))
+    specials = specials_among(candidates, target_tokenizer)
     return {"corpus": str(args.draft_vocab_corpus), **coverage_report(candidates, counts, specials, CUT_SIZES)}
 
 

@@ -9,7 +9,7 @@ from ..model.runner import ModelRunner
 from ..tokenizer import Tokenizer
 from ..vocab.cache import default_cache_dir, load_or_build_bridge
 from ..vocab.d2t import validate_d2t
-from ..vocab.frequency import load_or_count, most_frequent
+from ..vocab.frequency import load_or_count, most_frequent, specials_among
 from ..vocab.resync import DraftResync
 from .draft_proposer import DraftModelProposer
 from .draft_vocab import DraftVocab, ResyncContextSync, SharedVocabSync
@@ -39,8 +39,7 @@ def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candi
     if spec.draft_vocab_size is None:
         return candidate_rows
     counts = load_or_count(target_tokenizer, spec.draft_vocab_corpus, target_vocab_rows, default_cache_dir())
-    specials = torch.tensor(sorted(target_tokenizer.special_ids), dtype=torch.long)
-    ranked = most_frequent(candidate_target_ids, counts, torch.isin(candidate_target_ids, specials),
+    ranked = most_frequent(candidate_target_ids, counts, specials_among(candidate_target_ids, target_tokenizer),
                            spec.draft_vocab_size)
     info["draft_vocab"] = {"size": len(ranked.keep), "asked": spec.draft_vocab_size, "of": len(candidate_rows),
                            "corpus": str(spec.draft_vocab_corpus), "corpus_tokens": ranked.corpus_tokens,
@@ -75,8 +74,7 @@ def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenize
             raise ValueError("vocab_mode 'identity' needs the same tokenizer for draft and target, but they differ "
                              f"(intersection {bridge.stats.intersection} tokens); use vocab_mode 'tli' or 'auto'")
         rows = torch.arange(min(runner.num_token_rows, target.num_token_rows))
-        keep = rows if spec.draft_vocab_size is None else _rank_head_rows(
-            spec, rows, rows, target_tokenizer, target.vocab_rows, info)
+        keep = _rank_head_rows(spec, rows, rows, target_tokenizer, target.vocab_rows, info)
         if len(keep) == len(rows):
             vocab = DraftVocab("identity", None, None, target.vocab_rows, SharedVocabSync())
         else:  # same ids on both sides; the head keeps the most frequent rows, which are then target ids too

@@ -62,11 +62,9 @@ def _parse_corpus(path: Path, raw: bytes) -> list[str]:
 
 def count_target_tokens(tokenizer: Tokenizer, documents: list[str], vocab_rows: int) -> torch.Tensor:
     """[vocab_rows] int64: how often each target id occurs in the documents (no special tokens added)."""
-    counts = torch.zeros(vocab_rows, dtype=torch.long)
-    for token_ids in tokenizer.encode_batch(documents, add_special_tokens=False):
-        in_rows = torch.tensor([t for t in token_ids if t < vocab_rows], dtype=torch.long)
-        counts += torch.bincount(in_rows, minlength=vocab_rows)
-    return counts
+    encoded = tokenizer.encode_batch(documents, add_special_tokens=False)
+    target_ids = torch.tensor([t for token_ids in encoded for t in token_ids], dtype=torch.long)
+    return torch.bincount(target_ids[target_ids < vocab_rows], minlength=vocab_rows)   # one pass, not one per document
 
 
 def _counts_cache_file(cache_dir: Path, tokenizer: Tokenizer, corpus_bytes: bytes, vocab_rows: int) -> Path:
@@ -105,6 +103,19 @@ class RankedHead:
     corpus_tokens: int          # occurrences of candidate tokens in the corpus
 
 
+def specials_among(candidate_target_ids: torch.Tensor, tokenizer: Tokenizer) -> torch.Tensor:
+    """[C] bool: which candidates are the tokenizer's special tokens (kept in any cut)."""
+    return torch.isin(candidate_target_ids, torch.tensor(sorted(tokenizer.special_ids), dtype=torch.long))
+
+
+def _rank_order(candidate_target_ids: torch.Tensor, candidate_counts: torch.Tensor,
+                always_keep: torch.Tensor) -> torch.Tensor:
+    """[C] candidate positions, most used first: specials, then by count, ties by lower target id."""
+    score = torch.where(always_keep, torch.iinfo(torch.long).max, candidate_counts)
+    order = torch.sort(candidate_target_ids).indices
+    return order[torch.sort(-score[order], stable=True).indices]
+
+
 def most_frequent(candidate_target_ids: torch.Tensor,  # [C] target id of each candidate head row
                   counts: torch.Tensor,                # [V_target_rows] corpus occurrences per target id
                   always_keep: torch.Tensor,           # [C] bool: special tokens, kept whatever their count
@@ -113,11 +124,7 @@ def most_frequent(candidate_target_ids: torch.Tensor,  # [C] target id of each c
     if limit < 1:
         raise ValueError(f"draft_vocab_size must be >= 1, got {limit}")
     candidate_counts = counts[candidate_target_ids]
-    # Specials rank above every counted token; stable sort on (-count) keeps target-id order within ties.
-    score = torch.where(always_keep, torch.iinfo(torch.long).max, candidate_counts)
-    order = torch.sort(candidate_target_ids).indices
-    order = order[torch.sort(-score[order], stable=True).indices]
-    keep = order[:limit].sort().values
+    keep = _rank_order(candidate_target_ids, candidate_counts, always_keep)[:limit].sort().values
     total = int(candidate_counts.sum())
     covered = int(candidate_counts[keep].sum())
     return RankedHead(keep=keep, coverage=covered / total if total else 0.0, corpus_tokens=total)
@@ -132,14 +139,13 @@ def coverage_report(candidate_target_ids: torch.Tensor,  # [C] target ids a draf
     total = int(counts.sum())
     candidate_counts = counts[candidate_target_ids]
     proposable = int(candidate_counts.sum())
-    # Occurrences accumulated in rank order (specials first, then by count; ties do not change the sums).
-    score = torch.where(always_keep, torch.iinfo(torch.long).max, candidate_counts)
-    cumulative = candidate_counts[torch.sort(-score, stable=True).indices].cumsum(0)
+    # Occurrences accumulated in most_frequent's rank order: cumulative[n - 1] is what its top-n cut covers.
+    cumulative = candidate_counts[_rank_order(candidate_target_ids, candidate_counts, always_keep)].cumsum(0)
     size_for = {}
     for share in (0.99, 0.999):
         reached = torch.nonzero(cumulative >= share * proposable).flatten()
         size_for[f"{share:g}"] = int(reached[0]) + 1 if proposable and len(reached) else None
-    cuts = [{"size": n, "coverage_pct": round(100 * most_frequent(candidate_target_ids, counts, always_keep, n)
-                                              .coverage, 3)} for n in sizes if n < len(candidate_target_ids)]
+    cuts = [{"size": n, "coverage_pct": round(100 * (int(cumulative[n - 1]) / proposable if proposable else 0.0), 3)}
+            for n in sizes if n < len(candidate_target_ids)]
     return {"corpus_tokens": total, "proposable_pct": round(100 * proposable / total, 3) if total else 0.0,
             "distinct_used": int((candidate_counts > 0).sum()), "cuts": cuts, "size_for_coverage": size_for}
