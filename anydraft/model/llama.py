@@ -184,6 +184,8 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         # A plain attribute, not a buffer: module.to(bfloat16) must not round the frequencies.
         self._inv_freq = rope_inv_freq(cfg)
+        # Set by the runner when the native body can run this model (model/native.py); cached forwards use it.
+        self.native = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
         # Angles in float32 as HF computes them, so both agree in every dtype.
@@ -210,6 +212,8 @@ class CausalLM(nn.Module):
         elif positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
         cos, signed_sin = self.rope(positions, x.dtype)
+        if self.native is not None and cache is not None:
+            return self.native(x, cache, win, cos, signed_sin)
         for layer in self.model.layers:
             x = layer(x, cos, signed_sin, cache, win)
         return self.model.norm(x)

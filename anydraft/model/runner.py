@@ -6,6 +6,7 @@ import torch
 from .kv_cache import KVCache
 from .llama import CausalLM
 from .loader import load_model
+from .native import NativeDecoder, why_not_native
 from .packed_linear import can_pack, pack_linear, pack_linears
 
 
@@ -34,8 +35,14 @@ class ModelRunner:
         model.requires_grad_(False)
         model.fuse_projections()
         self.packed = can_pack(self.device, self.dtype)
-        if self.packed:
+        # Native body when it can run here (one C++ call per forward); the head stays a PyTorch matmul.
+        self.native_unavailable = why_not_native(self.cfg, self.device, self.dtype)
+        if self.native_unavailable is None:
+            model.native = NativeDecoder(model)
+        if self.packed and model.native is None:
             pack_linears(model)
+        elif self.packed:
+            model.lm_head = pack_linear(model.lm_head)
         self.cache = KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,
                              self.cfg.head_dim, self.dtype, self.device)
         self.extras = extras or {}

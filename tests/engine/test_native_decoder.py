@@ -1,0 +1,119 @@
+"""The native decoder body (model/native.py): as close to float64 as the PyTorch bf16 path, bit-identical across
+batch shapes, and so greedy speculative decoding with it equals the target alone token for token in bf16."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anydraft.config import SamplingParams
+from anydraft.model.config import ModelConfig
+from anydraft.model.loader import load_model, resolve_model_path
+from anydraft.model.native import why_not_native
+from anydraft.model.runner import ModelRunner
+
+from tiny_models import TOKENIZERS, gsm8k_questions, make_checkpoint
+
+CPU = torch.device("cpu")
+ELIGIBLE = ModelConfig(architecture="LlamaForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+REASON = why_not_native(ELIGIBLE, CPU, torch.bfloat16)
+needs_native = pytest.mark.skipif(REASON is not None, reason=f"native decoder unavailable: {REASON}")
+
+# hidden 64 with 4 heads: head_dim 16, the smallest size the kernels take; the three attention variants.
+ARCHS = {"LlamaForCausalLM": "llama2", "Qwen2ForCausalLM": "gpt2", "Qwen3ForCausalLM": "qwen3"}
+
+
+@pytest.fixture(scope="module")
+def native_ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("native")
+    vocab = {"llama2": 32000, "gpt2": 50257, "qwen3": 151936}
+    return {arch: make_checkpoint(root / arch, arch, TOKENIZERS / tok, vocab[tok], hidden=64, layers=2, heads=4,
+                                  kv_heads=2, seed=7, head_scale=4.0)
+            for arch, tok in ARCHS.items()}
+
+
+def _runner(path, monkeypatch, native: bool) -> ModelRunner:
+    monkeypatch.setenv("ANYDRAFT_NATIVE", "1" if native else "0")
+    runner = ModelRunner.load(path, torch.bfloat16, CPU, max_batch=2, max_len=64)
+    assert (runner.native_unavailable is None) == native
+    return runner
+
+
+def test_why_not_native_names_the_reason(monkeypatch):
+    odd = ModelConfig(**{**ELIGIBLE.__dict__, "hidden_size": 40, "head_dim": 10})
+    assert "multiples of 16" in why_not_native(odd, CPU, torch.bfloat16)
+    assert "bfloat16 on CPU" in why_not_native(ELIGIBLE, CPU, torch.float32)
+    monkeypatch.setenv("ANYDRAFT_NATIVE", "0")
+    assert "ANYDRAFT_NATIVE=0" in why_not_native(ELIGIBLE, CPU, torch.bfloat16)
+
+
+@needs_native
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_native_is_as_close_to_float64_as_the_pytorch_path(native_ckpts, monkeypatch, arch):
+    """Both bf16 paths against the float64 model: the native one may round differently, not worse."""
+    path = native_ckpts[arch]
+    input_ids = torch.randint(0, 1000, (2, 13), generator=torch.Generator().manual_seed(3))
+    exact, _ = load_model(path, torch.float64, CPU)
+    with torch.inference_mode():
+        reference = exact.logits(exact(input_ids))
+    errors = {}
+    for native in (True, False):
+        runner = _runner(path, monkeypatch, native)
+        logits = runner.logits(runner.forward([0, 1], input_ids)).double()
+        errors[native] = (logits - reference).abs().mean().item()
+    assert errors[True] <= 1.5 * errors[False], errors
+    assert errors[True] < 0.05 * reference.abs().mean().item()
+
+
+@needs_native
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_native_rows_are_bit_identical_whatever_the_batch_shape(native_ckpts, monkeypatch, arch):
+    """k+1 tokens at once = one at a time; two rows of different lengths together = each alone."""
+    runner = _runner(native_ckpts[arch], monkeypatch, native=True)
+    gen = torch.Generator().manual_seed(5)
+    prompt, new = torch.randint(0, 1000, (1, 9), generator=gen), torch.randint(0, 1000, (1, 4), generator=gen)
+    runner.prefill(0, prompt[0].tolist())
+    together = runner.logits(runner.forward([0], new))
+    runner.cache.rewind([0], [4])
+    one_by_one = torch.cat([runner.logits(runner.forward([0], new[:, i:i + 1])) for i in range(4)], dim=1)
+    assert torch.equal(together, one_by_one)
+
+    # Row 1 joins with a shorter prompt; both rows then verify in one right-padded forward.
+    runner.cache.reset(0)
+    runner.prefill_rows([0, 1], [prompt[0].tolist(), prompt[0, :5].tolist()])
+    padded = torch.stack([new[0], torch.tensor([new[0, 0], new[0, 1], 0, 0])])
+    both = runner.logits(runner.forward([0, 1], padded, num_new=[4, 2]))
+    assert torch.equal(both[0], together[0])
+    runner.cache.reset(0)
+    runner.cache.reset(1)
+    runner.prefill(1, prompt[0, :5].tolist())
+    alone = runner.logits(runner.forward([1], new[:, :2]))
+    assert torch.equal(both[1, :2], alone[0])
+
+
+@needs_native
+def test_native_writes_the_same_cache_as_the_pytorch_path(native_ckpts, monkeypatch):
+    """Keys and values land at the same slots: a rewind then a rewrite leaves no trace of the old tokens."""
+    runner = _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=True)
+    ids = torch.randint(0, 1000, (1, 10), generator=torch.Generator().manual_seed(6))
+    first = runner.logits(runner.forward([1], ids))
+    runner.cache.rewind([1], [4])
+    runner.forward([1], torch.randint(0, 1000, (1, 4)))   # overwrites the last four entries
+    runner.cache.rewind([1], [4])
+    again = runner.logits(runner.forward([1], ids[:, 6:]))
+    assert torch.equal(again[0], first[0, 6:])
+
+
+@needs_native
+@pytest.mark.parametrize("target, draft", [("qwen3-target", "smollm2-draft"), ("smollm2-target", "qwen3-draft")])
+def test_bf16_greedy_speculative_equals_target_alone_exactly(llms, target, draft):
+    """The shipped pairs in bf16 (TLI): with batch-invariant rows there are no near-tie exceptions."""
+    target_dir, draft_dir = resolve_model_path(target), resolve_model_path(draft)
+    spec = llms.get(target_dir, draft_dir, k=3, dtype="bfloat16", max_model_len=512)
+    alone = llms.get(target_dir, None, dtype="bfloat16", max_model_len=512)
+    assert spec.target.native_unavailable is None and spec.proposer.runner.native_unavailable is None
+    questions = [f"Question: {q}\nAnswer:" for q in gsm8k_questions(6, start=40)]
+    params = SamplingParams(temperature=0, max_tokens=96)
+    spec_out, alone_out = spec.generate(questions, params), alone.generate(questions, params)
+    assert [o.token_ids for o in spec_out] == [o.token_ids for o in alone_out]
+    assert spec.stats.acceptance_length > 2.0   # the shipped pairs agree often: real verification happened
