@@ -79,6 +79,15 @@ class WidenedMLP(nn.Module):
     def forward(self, x):
         return self.trained(x) + self.extra(x)
 
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One MLP of trained + extra rows for the native body: the extra down columns are zero, so the
+        output is the trained one exactly (zeros add nothing to any partial sum) at the widened cost."""
+        gate_up, down = self.trained.fused_weights()
+        gate, up = gate_up.chunk(2)
+        extra = self.extra
+        return (torch.cat([gate, extra.gate_proj.weight, up, extra.up_proj.weight]),
+                torch.cat([down, extra.down_proj.weight], dim=1))
+
 
 def _randomize_(module: nn.Module, generator: torch.Generator) -> None:
     """Random weights (scaled like an init) everywhere, norms at 1: activations stay finite."""

@@ -57,18 +57,29 @@ class KVCache:
         """How many more tokens the row can take."""
         return self.max_len - self.lengths[row]
 
-    def window(self, rows: list[int] | None, num_new: int, num_real: list[int] | None = None) -> CacheWindow:
-        """Positions and mask for appending num_new tokens to each of `rows` (None = every slot).
-
-        num_real[b] < num_new: row b is right-padded; its padding may run past max_len (into the padding slot).
-        """
-        row_list = list(range(self.max_batch)) if rows is None else rows
+    def _lengths_checked(self, row_list: list[int], num_new: int, num_real: list[int] | None) -> list[int]:
         lengths = [self.lengths[r] for r in row_list]
         real = [num_new] * len(row_list) if num_real is None else num_real
         real_end = max(length + n for length, n in zip(lengths, real))
         if real_end > self.max_len:
             raise ValueError(f"sequence would reach {real_end} tokens, past the cache's max_len {self.max_len}; "
                              f"raise max_model_len or shorten the prompt / max_tokens")
+        return lengths
+
+    def host_positions(self, rows: list[int], num_new: int, num_real: list[int] | None = None) -> list[int]:
+        """Cache index (= position) of each of num_new new tokens per row, row-major [B * S], as host ints.
+
+        What the native body takes instead of a CacheWindow; padding past max_len goes to the padding slot."""
+        lengths = self._lengths_checked(rows, num_new, num_real)
+        return [min(length + s, self.max_len) for length in lengths for s in range(num_new)]
+
+    def window(self, rows: list[int] | None, num_new: int, num_real: list[int] | None = None) -> CacheWindow:
+        """Positions and mask for appending num_new tokens to each of `rows` (None = every slot).
+
+        num_real[b] < num_new: row b is right-padded; its padding may run past max_len (into the padding slot).
+        """
+        row_list = list(range(self.max_batch)) if rows is None else rows
+        lengths = self._lengths_checked(row_list, num_new, num_real)
         end = min(max(lengths) + num_new, self.max_len + 1)
         lengths_t = torch.tensor(lengths, dtype=torch.long).to(self.device, non_blocking=True)
         positions = lengths_t[:, None] + torch.arange(num_new, device=self.device)[None, :]   # [B, S]

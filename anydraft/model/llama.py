@@ -133,6 +133,12 @@ class MLP(nn.Module):
         self.gate_up_proj = _concat_linears([self.gate_proj, self.up_proj])
         self.gate_proj = self.up_proj = None
 
+    def fused_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2I, H], down [H, I]) for the native body; needs fuse_projections first."""
+        if self.gate_up_proj is None:
+            raise ValueError("MLP not fused: call model.fuse_projections() first")
+        return self.gate_up_proj.weight, self.down_proj.weight
+
     def forward(self, x):
         if self.gate_up_proj is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -184,7 +190,8 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         # A plain attribute, not a buffer: module.to(bfloat16) must not round the frequencies.
         self._inv_freq = rope_inv_freq(cfg)
-        # Set by the runner when the native body can run this model (model/native.py); cached forwards use it.
+        # Set by the runner when the native body can run this model (model/native.py); it then runs the
+        # runner's cached forwards, and this module's forward stays the PyTorch path (training, references).
         self.native = None
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype):
@@ -212,8 +219,6 @@ class CausalLM(nn.Module):
         elif positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
         cos, signed_sin = self.rope(positions, x.dtype)
-        if self.native is not None and cache is not None:
-            return self.native(x, cache, win, cos, signed_sin)
         for layer in self.model.layers:
             x = layer(x, cos, signed_sin, cache, win)
         return self.model.norm(x)

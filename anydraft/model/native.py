@@ -76,7 +76,8 @@ def why_not_native(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -
 
 
 class NativeDecoder:
-    """A model's decoder body as one native call. Holds references to the model's bf16 weights (no copies)."""
+    """A model's decoder body as one native call. Holds the model's bf16 weights (shared, not copied, where
+    they are already contiguous). Raises ValueError for a layout it cannot run."""
 
     def __init__(self, model) -> None:
         cfg = model.cfg
@@ -85,27 +86,27 @@ class NativeDecoder:
         empty = torch.empty(0, dtype=torch.bfloat16)
         tensors: list[torch.Tensor] = []
         for layer in model.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            if attn.qkv_proj is None or mlp.gate_up_proj is None:
-                raise RuntimeError("NativeDecoder needs the fused inference layout: call model.fuse_projections()")
+            attn = layer.self_attn
+            if attn.qkv_proj is None or not hasattr(layer.mlp, "fused_weights"):
+                raise ValueError(f"layer {attn.layer_idx} is not in the fused inference layout "
+                                 f"(call model.fuse_projections(); MLPs must offer fused_weights())")
+            gate_up, down = layer.mlp.fused_weights()
+            if gate_up.shape[0] % (2 * WIDTH):
+                raise ValueError(f"layer {attn.layer_idx}: MLP rows {gate_up.shape[0] // 2} not a multiple of {WIDTH}")
             qkv_bias = attn.qkv_proj.bias
             tensors += [layer.input_layernorm.weight, attn.qkv_proj.weight,
                         empty if qkv_bias is None else qkv_bias,
                         empty if attn.qk_norm_weight is None else attn.qk_norm_weight,
-                        attn.o_proj.weight, layer.post_attention_layernorm.weight,
-                        mlp.gate_up_proj.weight, mlp.down_proj.weight]
+                        attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up, down]
         self.layer_tensors = [t.detach().contiguous() for t in tensors]
         self.final_norm = model.model.norm.weight.detach().contiguous()
+        self.embed = model.model.embed_tokens.weight.detach().contiguous()
+        self.inv_freq = model._inv_freq.float().contiguous()
 
-    def __call__(self, hidden: torch.Tensor, cache, win, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-        """hidden [B, S, H] embeddings -> [B, S, H] after the final norm; writes the new k/v into `cache`."""
-        if win.single_row is not None:
-            slots = torch.tensor([win.single_row[0]], dtype=torch.long)
-        elif win.rows is None:
-            slots = torch.arange(hidden.shape[0], dtype=torch.long)
-        else:
-            slots = win.rows
+    def __call__(self, input_ids: torch.Tensor, cache, slots: list[int], positions: list[int]) -> torch.Tensor:
+        """input_ids [B, S] -> hidden [B, S, H] after the final norm; writes the new k/v into `cache` at
+        (slots[b], positions[b * S + s]) (KVCache.host_positions)."""
         cfg = self.cfg
-        return self.extension.decoder_forward(hidden.contiguous(), self.layer_tensors, self.final_norm, cache.k, cache.v,
-                                              slots, win.positions, cos, signed_sin, cfg.num_attention_heads,
+        return self.extension.decoder_forward(input_ids, self.embed, self.layer_tensors, self.final_norm, cache.k,
+                                              cache.v, slots, positions, self.inv_freq, cfg.num_attention_heads,
                                               cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps)

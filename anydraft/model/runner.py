@@ -38,7 +38,10 @@ class ModelRunner:
         # Native body when it can run here (one C++ call per forward); the head stays a PyTorch matmul.
         self.native_unavailable = why_not_native(self.cfg, self.device, self.dtype)
         if self.native_unavailable is None:
-            model.native = NativeDecoder(model)
+            try:
+                model.native = NativeDecoder(model)
+            except ValueError as e:
+                self.native_unavailable = str(e)
         if self.packed and model.native is None:
             pack_linears(model)
         elif self.packed:
@@ -88,8 +91,10 @@ class ModelRunner:
         num_new[b] < S means row b's input is right-padded: only its first num_new[b] tokens are kept.
         """
         seq_len = input_ids.shape[1]
-        win = self.cache.window(rows, seq_len, num_new)
-        hidden = self.model(input_ids, self.cache, win)
+        if self.model.native is not None:   # one native call; positions as host ints, no window tensors
+            hidden = self.model.native(input_ids, self.cache, rows, self.cache.host_positions(rows, seq_len, num_new))
+        else:
+            hidden = self.model(input_ids, self.cache, self.cache.window(rows, seq_len, num_new))
         self.cache.advance(rows, num_new if num_new is not None else seq_len)
         return hidden
 

@@ -117,3 +117,22 @@ def test_bf16_greedy_speculative_equals_target_alone_exactly(llms, target, draft
     spec_out, alone_out = spec.generate(questions, params), alone.generate(questions, params)
     assert [o.token_ids for o in spec_out] == [o.token_ids for o in alone_out]
     assert spec.stats.acceptance_length > 2.0   # the shipped pairs agree often: real verification happened
+
+
+@needs_native
+def test_inflated_target_runs_native_with_identical_logits(native_ckpts):
+    """The cost-emulated target (bench --inflate-target) keeps the trained logits bit for bit on the native
+    body too: its widened MLPs run as one MLP whose extra down columns are zero."""
+    from anydraft.bench.inflate import inflate_model, parse_inflate_spec
+    path = native_ckpts["Qwen3ForCausalLM"]
+    ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(8))
+    logits = []
+    for inflate in (None, "4x256"):
+        model, _ = load_model(path, torch.bfloat16, CPU)
+        if inflate:
+            inflate_model(model, parse_inflate_spec(inflate))
+        runner = ModelRunner(model, max_batch=1, max_len=32)
+        assert runner.native_unavailable is None
+        logits.append(torch.cat([runner.logits(runner.forward([0], ids[:, :7]))] +
+                                [runner.logits(runner.forward([0], ids[:, i:i + 1])) for i in range(7, 12)], dim=1))
+    assert torch.equal(logits[0], logits[1])

@@ -186,31 +186,43 @@ void attend(const float* q, const float* k, const float* v, int64_t Hq, int64_t 
 
 }  // namespace
 
-// hidden [B, S, H] bf16 (embeddings) -> last hidden states after the final norm, [B, S, H] bf16.
+// input_ids [B, S] -> last hidden states after the final norm, [B, S, H] bf16.
 // layers: per layer 8 tensors: input_norm [H], qkv_weight [(Hq+2Hkv)*D, H], qkv_bias or empty,
 //   qk_norm [Hq+Hkv, D] or empty, o_weight [H, Hq*D], post_norm [H], gate_up_weight [2I, H], down_weight [H, I].
-// k_cache / v_cache: [L, B_max, L_max+1, Hkv, D] bf16, written at (slots[b], positions[b, s]).
-// cos / signed_sin: [B, S, D] bf16 (see llama.apply_rope).
-torch::Tensor decoder_forward(torch::Tensor hidden, std::vector<torch::Tensor> layers, torch::Tensor final_norm,
-                              torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor slots,
-                              torch::Tensor positions, torch::Tensor cos, torch::Tensor signed_sin, int64_t Hq,
-                              int64_t Hkv, int64_t D, double eps_d) {
-  TORCH_CHECK(hidden.scalar_type() == at::kBFloat16 && hidden.is_contiguous(), "hidden: contiguous bf16 expected");
+// k_cache / v_cache: [L, B_max, L_max+1, Hkv, D] bf16, written at (slots[b], positions[b*S + s]); a new token's
+// position is also its rotary position, and key j is visible to it iff j <= its position.
+// inv_freq: [D/2] float32 rotary inverse frequencies.
+torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std::vector<torch::Tensor> layers,
+                              torch::Tensor final_norm, torch::Tensor k_cache, torch::Tensor v_cache,
+                              std::vector<int64_t> slots, std::vector<int64_t> positions, torch::Tensor inv_freq,
+                              int64_t Hq, int64_t Hkv, int64_t D, double eps_d) {
+  TORCH_CHECK(embed.scalar_type() == at::kBFloat16 && embed.is_contiguous(), "embed: contiguous bf16 expected");
   TORCH_CHECK(layers.size() % 8 == 0, "8 tensors per layer expected");
-  const int64_t B = hidden.size(0), S = hidden.size(1), H = hidden.size(2), M = B * S;
+  auto ids = input_ids.to(at::kLong).contiguous();
+  const int64_t B = ids.size(0), S = ids.size(1), H = embed.size(1), M = B * S;
+  TORCH_CHECK(int64_t(slots.size()) == B && int64_t(positions.size()) == M, "one slot per row, one position per token");
   const int64_t L = layers.size() / 8;
   const float eps = float(eps_d), scale = 1.f / std::sqrt(float(D));
   const int64_t qkv_width = (Hq + 2 * Hkv) * D;
-  auto slots_c = slots.to(at::kLong).contiguous();
-  auto positions_c = positions.to(at::kLong).contiguous();
-  auto cos_c = cos.contiguous();
-  auto sin_c = signed_sin.contiguous();
-  const Window win{B, S, slots_c.data_ptr<int64_t>(), positions_c.data_ptr<int64_t>()};
+  const Window win{B, S, slots.data(), positions.data()};
+  // cos and sign-folded sin per token, rounded to bf16 as the PyTorch path stores them (llama.CausalLM.rope)
+  std::vector<uint16_t> cos(M * D), sin(M * D);
+  const float* freq = inv_freq.data_ptr<float>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t d = 0; d < D; ++d) {
+      const float angle = float(positions[m]) * freq[d % (D / 2)];
+      cos[m * D + d] = float_to_bf16(std::cos(angle));
+      sin[m * D + d] = float_to_bf16(d < D / 2 ? -std::sin(angle) : std::sin(angle));
+    }
 
   std::vector<float> x(M * H), normed(M * H), qkv(M * qkv_width), q(M * Hq * D), k(M * Hkv * D), v(M * Hkv * D);
   std::vector<float> attn(M * Hq * D), proj(M * H);
-  const uint16_t* h0 = bf16_ptr(hidden);
-  for (int64_t i = 0; i < M * H; ++i) x[i] = bf16_to_float(h0[i]);
+  const uint16_t* table = bf16_ptr(embed);
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    TORCH_CHECK(id[m] >= 0 && id[m] < embed.size(0), "token id ", id[m], " outside the embedding's ", embed.size(0), " rows");
+    for (int64_t i = 0; i < H; ++i) x[m * H + i] = bf16_to_float(table[id[m] * H + i]);
+  }
 
   for (int64_t l = 0; l < L; ++l) {
     const torch::Tensor* t = &layers[l * 8];
@@ -229,7 +241,7 @@ torch::Tensor decoder_forward(torch::Tensor hidden, std::vector<torch::Tensor> l
       rms_norm(qk.data(), M * (Hq + Hkv), D, bf16_ptr(t[3]), Hq + Hkv, eps, qk_normed.data());
       qk.swap(qk_normed);
     }
-    rope(qk.data(), M, Hq + Hkv, D, bf16_ptr(cos_c), bf16_ptr(sin_c));
+    rope(qk.data(), M, Hq + Hkv, D, cos.data(), sin.data());
     for (int64_t m = 0; m < M; ++m) {
       std::memcpy(&q[m * Hq * D], &qk[m * (Hq + Hkv) * D], Hq * D * sizeof(float));
       std::memcpy(&k[m * Hkv * D], &qk[m * (Hq + Hkv) * D + Hq * D], Hkv * D * sizeof(float));
@@ -252,7 +264,7 @@ torch::Tensor decoder_forward(torch::Tensor hidden, std::vector<torch::Tensor> l
     for (int64_t i = 0; i < M * H; ++i) x[i] = round_bf16(x[i] + proj[i]);
   }
   rms_norm(x.data(), M, H, bf16_ptr(final_norm), 1, eps, normed.data());
-  auto out = torch::empty_like(hidden);
+  auto out = torch::empty({B, S, H}, embed.options());
   uint16_t* o = bf16_ptr_mut(out);
   for (int64_t i = 0; i < M * H; ++i) o[i] = float_to_bf16(normed[i]);
   return out;
