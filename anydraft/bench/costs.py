@@ -29,11 +29,10 @@ def ideal_speedup(acceptance_length: float, target_seconds: float, verify_second
 
 @torch.inference_mode()
 def _timed_forward(runner: ModelRunner, new_ids: torch.Tensor, row: int = 0) -> float:
-    """Seconds of one forward of new_ids [1, n] + head on all of them + the step's host sync; then rewound,
+    """Seconds of one forward of new_ids [1, n] + greedy head on all of them + the step's host sync; then rewound,
     so every repeat sees the same context."""
     start = time.perf_counter()
-    logits = runner.logits(runner.forward([row], new_ids))
-    logits.argmax(-1).tolist()   # the step's host sync, as the engine does once per step
+    runner.greedy_ids(runner.forward([row], new_ids)).tolist()   # head + the step's host sync, as greedy decoding
     elapsed = time.perf_counter() - start
     runner.cache.rewind([row], [new_ids.shape[1]])
     return elapsed

@@ -1,4 +1,4 @@
-"""The native decoder body (native/decoder.cpp): when a model can use it, building it once, calling it.
+"""The native kernels (native/*.cpp): when a model can use them, building them once, the decoder body's call.
 
 On a CPU with AVX-512 in bf16, a Llama-family body runs as one C++ call instead of ~50 PyTorch calls per
 layer, and every row is computed the same way whatever the batch shape, so greedy speculative decoding is
@@ -20,10 +20,16 @@ import torch
 from .config import ModelConfig
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("native") / "decoder.cpp"
+SOURCES = [Path(__file__).with_name("native") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
 
 
+def cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists this CPU flag (e.g. avx512_vnni)."""
+    return flag in _cpu_flags()
+
+
+@functools.lru_cache(maxsize=1)
 def _cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -38,7 +44,8 @@ def _build_dir() -> Path:
     """Keyed by what changes the binary: source, torch version, CPU (-march=native)."""
     cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
                platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + cpu.encode()).hexdigest()[:16]
+    source = b"".join(path.read_bytes() for path in SOURCES)
+    key = hashlib.sha256(source + torch.__version__.encode() + cpu.encode()).hexdigest()[:16]
     configured = os.environ.get("ANYDRAFT_NATIVE_DIR")
     return (Path(configured) if configured else Path.home() / ".cache" / "anydraft" / "native") / key
 
@@ -50,7 +57,7 @@ def load_extension():
     build_dir = _build_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-march=native", "-fopenmp"]
-    return load(name="anydraft_decoder", sources=[str(SOURCE)], build_directory=str(build_dir),
+    return load(name="anydraft_native", sources=[str(path) for path in SOURCES], build_directory=str(build_dir),
                 extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
 
 

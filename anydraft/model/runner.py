@@ -6,7 +6,9 @@ import torch
 from .kv_cache import KVCache
 from .llama import CausalLM
 from .loader import load_model
-from .native import NativeDecoder, why_not_native
+from .native import NativeDecoder, cpu_has, load_extension, why_not_native
+from .native_head import SCREEN_WIDTH, NativeHead
+from ..spec.sampling import greedy_argmax
 from .packed_linear import can_pack, pack_linear, pack_linears
 
 
@@ -44,8 +46,8 @@ class ModelRunner:
                 self.native_unavailable = str(e)
         if self.packed and model.native is None:
             pack_linears(model)
-        elif self.packed:
-            model.lm_head = pack_linear(model.lm_head)
+        self.native_head: NativeHead | None = None
+        self._set_head(model.lm_head)
         self.cache = KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,
                              self.cfg.head_dim, self.dtype, self.device)
         self.extras = extras or {}
@@ -80,9 +82,18 @@ class ModelRunner:
         keep_rows = keep_rows.to(self.device)
         head = torch.nn.Linear(self.cfg.hidden_size, len(keep_rows), bias=False, device=self.device, dtype=self.dtype)
         head.weight = torch.nn.Parameter(self.model.lm_head.weight.detach()[keep_rows].clone(), requires_grad=False)
-        self.model.lm_head = pack_linear(head) if self.packed else head
+        self._set_head(head)
         self.head_to_model_rows = keep_rows
         self.num_token_rows = len(keep_rows)
+
+    def _set_head(self, head: torch.nn.Linear) -> None:
+        """The output head in its inference form: native (exact screened greedy argmax) beside the native
+        body when the CPU has VNNI, else oneDNN-prepacked on CPU bf16, else as is."""
+        self.native_head = None
+        if (self.model.native is not None and head.bias is None and head.in_features % SCREEN_WIDTH == 0
+                and cpu_has("avx512_vnni")):
+            self.native_head = NativeHead(head.weight, load_extension())
+        self.model.lm_head = pack_linear(head) if self.packed and self.native_head is None else head
 
     @torch.inference_mode()
     def forward(self, rows: list[int], input_ids: torch.Tensor, num_new: list[int] | None = None) -> torch.Tensor:
@@ -101,10 +112,18 @@ class ModelRunner:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., head_rows], padding rows at -inf."""
-        out = self.model.logits(hidden)
+        out = self.model.logits(hidden) if self.native_head is None else self.native_head.logits(hidden)
         if self.num_token_rows < out.shape[-1]:
             out[..., self.num_token_rows:] = float("-inf")
         return out
+
+    @torch.inference_mode()
+    def greedy_ids(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> [...] head rows: the argmax of `logits(hidden)`, lowest row on ties,
+        computed without all the logits where the native head runs."""
+        if self.native_head is not None:
+            return self.native_head.greedy(hidden, self.num_token_rows)
+        return greedy_argmax(self.logits(hidden))
 
     def prefill(self, row: int, token_ids: list[int], chunk: int = 512) -> None:
         """Put a prompt into one row's cache (no logits needed: the last prompt token is fed by the step)."""

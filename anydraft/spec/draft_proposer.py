@@ -8,7 +8,7 @@ import torch
 from ..model.runner import ModelRunner, host_to_device
 from .draft_vocab import DraftVocab
 from .proposer import Proposal, SamplingBatch
-from .sampling import greedy_argmax, logits_to_probs, sample_from_probs
+from .sampling import logits_to_probs, sample_from_probs
 
 FULL_ROW_PROPOSAL = 0  # target id proposed by a row whose draft cache is full (any id would do: it is verified)
 
@@ -97,10 +97,10 @@ class DraftModelProposer:
         hidden = hidden[torch.arange(len(rows), device=self.device), last][:, None]      # [B, 1, hidden]
         head_rows, head_probs = [], []
         for i in range(k):
-            logits = runner.logits(hidden)                                                # [B, 1, N_head]
             if sampling is None:
-                chosen = greedy_argmax(logits)                                             # [B, 1]
+                chosen = runner.greedy_ids(hidden)                                         # [B, 1] head rows
             else:
+                logits = runner.logits(hidden)                                            # [B, 1, N_head]
                 probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
                 noise = torch.stack([r.exponential(1, probs.shape[-1]) for r in sampling.randoms])
                 noise = noise.to(probs.device, non_blocking=True).to(probs.dtype)

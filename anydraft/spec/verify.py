@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from anydraft.spec.sampling import greedy_argmax, sample_from_probs
+from anydraft.spec.sampling import sample_from_probs
 
 
 @dataclass
@@ -38,16 +38,17 @@ def _assemble_output(draft_target_ids: torch.Tensor,  # [B, k]
     return VerifyOutput(num_accepted=num_accepted, output_ids=output_ids, next_ids=next_ids)
 
 
-def verify_greedy(target_logits: torch.Tensor,     # [B, k+1, V_target]
+def verify_greedy(target_argmax: torch.Tensor,     # [B, k+1] target's greedy token at each position
                   draft_target_ids: torch.Tensor,  # [B, k] drafted tokens in target ids
                   ) -> VerifyOutput:
     """Accept while the target argmax equals the drafted token; then emit the target argmax.
 
-    target_logits[:, i] is the target's prediction after the i-th drafted token (position 0: after the
+    target_argmax[:, i] is the target's greedy token after the i-th drafted token (position 0: after the
     last verified token), so position num_accepted gives the recovered or, when all k match, bonus token.
+    It is the argmax of the target logits (`greedy_argmax`, or `ModelRunner.greedy_ids`, which need not
+    compute them all); greedy verification depends on nothing else.
     """
     num_drafted = draft_target_ids.shape[1]
-    target_argmax = greedy_argmax(target_logits)                                    # [B, k+1]
     num_accepted = _accepted_prefix_length(target_argmax[:, :num_drafted] == draft_target_ids)
     next_ids = target_argmax.gather(1, num_accepted[:, None]).squeeze(1)           # [B]
     return _assemble_output(draft_target_ids, num_accepted, next_ids)

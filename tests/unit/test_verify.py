@@ -1,11 +1,12 @@
-"""verify_greedy / verify_sampling on hand-made logits and probabilities; losslessness by chi-square."""
+"""verify_greedy (on the argmax of hand-made logits) / verify_sampling (on hand-made probabilities); losslessness
+by chi-square."""
 from __future__ import annotations
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from anydraft.spec.sampling import draw_noise, sample_from_probs
+from anydraft.spec.sampling import draw_noise, greedy_argmax, sample_from_probs
 from anydraft.spec.verify import VerifyOutput, verify_greedy, verify_sampling
 
 P_VALUE_MIN = 1e-3
@@ -30,29 +31,29 @@ def assert_output(out: VerifyOutput, num_accepted: list[int], output_ids: list[l
 
 def test_greedy_perfect_match_accepts_all_and_adds_bonus():
     logits = logits_with_argmax([[3, 7, 1, 9]])
-    assert_output(verify_greedy(logits, torch.tensor([[3, 7, 1]])), [3], [[3, 7, 1, 9]])
+    assert_output(verify_greedy(greedy_argmax(logits), torch.tensor([[3, 7, 1]])), [3], [[3, 7, 1, 9]])
 
 
 def test_greedy_early_mismatch_emits_target_argmax():
     logits = logits_with_argmax([[3, 7, 1, 9]])
-    assert_output(verify_greedy(logits, torch.tensor([[3, 8, 1]])), [1], [[3, 7, -1, -1]])
+    assert_output(verify_greedy(greedy_argmax(logits), torch.tensor([[3, 8, 1]])), [1], [[3, 7, -1, -1]])
 
 
 def test_greedy_all_rejected_at_position_zero():
     logits = logits_with_argmax([[3, 7, 1, 9]])
-    assert_output(verify_greedy(logits, torch.tensor([[4, 7, 1]])), [0], [[3, -1, -1, -1]])
+    assert_output(verify_greedy(greedy_argmax(logits), torch.tensor([[4, 7, 1]])), [0], [[3, -1, -1, -1]])
 
 
 def test_greedy_batch_rows_with_different_outcomes():
     logits = logits_with_argmax([[3, 7, 1, 9], [0, 0, 0, 0], [5, 6, 2, 11], [2, 4, 6, 8]])
     drafts = torch.tensor([[3, 7, 1], [0, 1, 0], [6, 6, 2], [2, 4, 5]])
-    out = verify_greedy(logits, drafts)
+    out = verify_greedy(greedy_argmax(logits), drafts)
     # Row 1 matches again at position 2 after a mismatch: that must not count (prefix only).
     assert_output(out, [3, 1, 0, 2], [[3, 7, 1, 9], [0, 0, -1, -1], [5, -1, -1, -1], [2, 4, 6, -1]])
 
 
 def test_greedy_no_drafts_emits_argmax():
-    out = verify_greedy(logits_with_argmax([[4], [10]]), torch.zeros(2, 0, dtype=torch.long))
+    out = verify_greedy(greedy_argmax(logits_with_argmax([[4], [10]])), torch.zeros(2, 0, dtype=torch.long))
     assert_output(out, [0, 0], [[4], [10]])
 
 
@@ -67,7 +68,7 @@ def test_sampling_with_one_hot_target_equals_greedy():
     draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)  # the draft may even sample
     uniforms, exponentials = draw_noise([None, None, None], 3, VOCAB_SIZE, "cpu")
     out = verify_sampling(target_probs, draft_probs, drafts, uniforms, exponentials)
-    expected = verify_greedy(logits, drafts)
+    expected = verify_greedy(greedy_argmax(logits), drafts)
     assert torch.equal(out.output_ids, expected.output_ids)
     assert torch.equal(out.num_accepted, expected.num_accepted)
 

@@ -1,0 +1,18 @@
+// The Python module of the native kernels: decoder.cpp (the decoder body), greedy_head.cpp (the output head).
+#include <torch/extension.h>
+
+#include <vector>
+
+torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std::vector<torch::Tensor> layers,
+                              torch::Tensor final_norm, torch::Tensor k_cache, torch::Tensor v_cache,
+                              std::vector<int64_t> slots, std::vector<int64_t> positions, torch::Tensor inv_freq,
+                              int64_t Hq, int64_t Hkv, int64_t D, double eps_d);
+torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight);
+torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
+                          torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decoder_forward", &decoder_forward, "Llama-family decoder body, bf16, batch-invariant");
+  m.def("head_logits", &head_logits, "bf16 logits of an output head, batch-invariant");
+  m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");
+}

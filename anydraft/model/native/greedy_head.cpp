@@ -1,0 +1,194 @@
+// The output head: bf16 logits, and their greedy argmax computed exactly without computing all of them.
+//
+// Why: on CPU the output head is memory-bound (qwen3's 151936 x 192 bf16 rows are 58 MB per forward) and,
+// with the native body, most of a forward. An int8 copy of the head is half the bytes; with int8 activations
+// its dot products are exact integers (AVX512-VNNI). Each int8 score plus a rigorous bound on what the two
+// quantizations can hide gives an upper bound on the row's true logit; only rows whose bound reaches the
+// best exact logit found are computed exactly (head_logits' arithmetic), so the answer is the argmax of
+// head_logits, lowest index on ties, from typically a handful of exact rows instead of 151936.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include "kernels.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+using namespace anydraft_native;
+
+namespace {
+
+struct Best {  // running argmax: the larger value, the lower index on ties
+  float value = -std::numeric_limits<float>::infinity();
+  int64_t index = -1;
+  void offer(float v, int64_t i) {
+    if (index < 0 || v > value || (v == value && i < index)) {
+      value = v;
+      index = i;
+    }
+  }
+};
+
+inline float exact_logit(const float* x, const uint16_t* w, int64_t K) {
+  float out;
+  dot_rows<1>(x, K, w, &out);
+  return round_bf16(out + 0.f);   // as linear() with no bias
+}
+
+struct Screen {  // one activation row quantized for the int8 pass
+  bool usable;   // false: non-finite input, every row is computed exactly
+  float scale, h_norm, e_norm;
+};
+
+}  // namespace
+
+// logits [..., N] bf16 = bf16(hidden @ weight^T), each output computed the same way whatever the batch.
+torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight) {
+  auto x = hidden.reshape({-1, hidden.size(-1)}).to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
+  TORCH_CHECK(K % LANES == 0 && weight.size(1) == K && weight.is_contiguous(), "head_logits: bad shapes");
+  std::vector<float> y(M * N);
+  linear(x.data_ptr<float>(), M, K, bf16_ptr(weight), nullptr, N, y.data());
+  auto out = torch::empty({M, N}, hidden.options().dtype(at::kBFloat16));
+  uint16_t* op = bf16_ptr_mut(out);
+  at::parallel_for(0, M * N, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) op[i] = float_to_bf16(y[i]);   // exact: y holds bf16 values
+  });
+  auto sizes = hidden.sizes().vec();
+  sizes.back() = N;
+  return out.view(sizes);
+}
+
+// argmax over rows [0, num_rows) of head_logits(hidden, weight) per row of hidden -> [...] int64.
+// Per row n of the head (padded to blocks of 16): weight_n ~ row_scale[n] * q_n with q int8, laid out as
+// q_blocks [N/16, K/4, 16, 4] so one VNNI instruction advances 16 rows by 4 columns (no horizontal sums);
+// q_sum[n] = sum of q_n; slack_q[n] = ||row_scale * q_n||, slack_h[n] = ||w_n - row_scale * q_n|| plus the
+// summation-error term, both rounded up.
+torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
+                          torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows) {
+  auto x = hidden.reshape({-1, hidden.size(-1)}).to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), groups = K / 4;
+  const int64_t blocks = (num_rows + 15) / 16;
+  TORCH_CHECK(K % 64 == 0 && q_blocks.size(1) == groups && blocks <= q_blocks.size(0), "greedy_head: bad shapes");
+  const float* xp = x.data_ptr<float>();
+  const uint16_t* wp = bf16_ptr(weight);
+  const int8_t* qp = q_blocks.data_ptr<int8_t>();
+  const float* sp = row_scale.data_ptr<float>();
+  const int32_t* qs = q_sum.data_ptr<int32_t>();
+  const float* sq = slack_q.data_ptr<float>();
+  const float* sh = slack_h.data_ptr<float>();
+
+  // Activations: h ~ scale * p with p in [-127, 127], stored as p + 128 (VNNI's unsigned operand).
+  std::vector<uint8_t> codes(M * K);
+  std::vector<Screen> screens(M);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* h = xp + m * K;
+    float max_abs = 0.f;
+    double h_norm2 = 0.0, e_norm2 = 0.0;
+    bool finite = true;
+    for (int64_t k = 0; k < K; ++k) {
+      finite = finite && std::isfinite(h[k]);
+      max_abs = std::max(max_abs, std::fabs(h[k]));
+      h_norm2 += double(h[k]) * h[k];
+    }
+    const float scale = max_abs > 0.f ? max_abs / 127.f : 1.f;
+    for (int64_t k = 0; k < K; ++k) {
+      const float p = finite ? std::nearbyint(h[k] / scale) : 0.f;
+      codes[m * K + k] = uint8_t(int32_t(p) + 128);
+      const double e = double(h[k]) - double(scale) * p;
+      e_norm2 += e * e;
+    }
+    // x1.001: these norms multiply the per-row slacks, so they must not come out low.
+    screens[m] = {finite, scale, float(std::sqrt(h_norm2) * 1.001), float(std::sqrt(e_norm2) * 1.001)};
+  }
+
+  // Pass 1: every row's bound; the best score per activation row (and thread) seeds the exact search.
+  const int64_t padded = blocks * 16;
+  std::vector<float> bound(M * padded);
+  const int threads = at::get_num_threads();
+  std::vector<Best> seeds(M * threads);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  at::parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) {
+    Best* seed = &seeds[M * at::get_thread_num()];
+    std::vector<__m512> best_score(M, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+    std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
+    for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
+      const int8_t* qb = qp + b * groups * 64;
+      const int64_t n = b * 16;
+      const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
+      const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
+      const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
+      const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
+      const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
+      for (int64_t m = 0; m < M; ++m) {
+        const Screen& s = screens[m];
+        const int32_t* c = reinterpret_cast<const int32_t*>(codes.data() + m * K);
+        __m512i acc = _mm512_setzero_si512();
+#if defined(__AVX512VNNI__)
+        for (int64_t g = 0; g < groups; ++g)
+          acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(c[g]), _mm512_loadu_si512(qb + g * 64));
+#else
+        alignas(64) int32_t lanes[16] = {0};   // without VNNI: the same integers, one product at a time
+        const uint8_t* cu = reinterpret_cast<const uint8_t*>(c);
+        for (int64_t g = 0; g < groups; ++g)
+          for (int r = 0; r < 16; ++r)
+            for (int j = 0; j < 4; ++j) lanes[r] += int32_t(cu[4 * g + j]) * int32_t(qb[g * 64 + 4 * r + j]);
+        acc = _mm512_load_si512(lanes);
+#endif
+        const __m512i dot = _mm512_sub_epi32(acc, offset);   // exact integer p . q_n per lane
+        const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
+        const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
+                                             _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
+        _mm512_storeu_ps(bound.data() + m * padded + n, _mm512_add_ps(score, slack));
+        const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, score, best_score[m], _CMP_GT_OQ);
+        best_score[m] = _mm512_mask_blend_ps(better, best_score[m], score);
+        best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      alignas(64) float scores[16];
+      alignas(64) int32_t row_ids[16];
+      _mm512_store_ps(scores, best_score[m]);
+      _mm512_store_si512(row_ids, best_row[m]);
+      for (int l = 0; l < 16; ++l)
+        if (row_ids[l] >= 0) seed[m].offer(scores[l], row_ids[l]);
+    }
+  });
+
+  auto result = torch::empty({M}, hidden.options().dtype(at::kLong));
+  int64_t* rp = result.data_ptr<int64_t>();
+  std::vector<float> threshold(M);
+  std::vector<Best> best(M);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int t = 0; t < threads; ++t) {
+      const Best& s = seeds[M * t + m];
+      if (s.index >= 0) best[m].offer(exact_logit(xp + m * K, wp + s.index * K, K), s.index);
+    }
+    // A row whose bound is more than a bf16 step below the best exact logit cannot round up to it.
+    const float v = best[m].value;
+    threshold[m] = screens[m].usable ? v - std::fabs(v) * (1.f / 64.f) - std::numeric_limits<float>::min()
+                                     : -std::numeric_limits<float>::infinity();
+  }
+
+  // Pass 2: exact logits of the rows that could still win.
+  std::vector<Best> winners(M * threads);
+  at::parallel_for(0, num_rows, 4096, [&](int64_t n0, int64_t n1) {
+    Best* winner = &winners[M * at::get_thread_num()];
+    for (int64_t m = 0; m < M; ++m) {
+      const float* b = bound.data() + m * padded;
+      for (int64_t n = n0; n < n1; ++n)
+        if (!(b[n] < threshold[m])) winner[m].offer(exact_logit(xp + m * K, wp + n * K, K), n);
+    }
+  });
+  for (int64_t m = 0; m < M; ++m) {
+    for (int t = 0; t < threads; ++t) {
+      const Best& w = winners[M * t + m];
+      if (w.index >= 0) best[m].offer(w.value, w.index);
+    }
+    rp[m] = best[m].index;
+  }
+  return result.view(hidden.sizes().slice(0, hidden.dim() - 1));
+}

@@ -1,0 +1,59 @@
+"""The output head on the native kernels (native/greedy_head.cpp): bf16 logits computed the same way for every
+row, and their exact greedy argmax screened by an int8 copy of the head.
+
+Greedy decoding needs only the argmax, and on CPU the head is a memory-bound read of every row (qwen3: 58 MB).
+The screen reads an int8 copy (half the bytes) with int8 activations, so each row's score is an exact integer;
+with per-row bounds on what the two quantizations can hide, only rows whose bound reaches the best exact logit
+are computed in full. The argmax is that of `logits()`, ties to the lowest index: nothing is approximate.
+"""
+from __future__ import annotations
+
+import torch
+
+SCREEN_WIDTH = 64   # VNNI takes 64 int8 at a time: the hidden size must be a multiple
+
+
+def _round_up(values: torch.Tensor) -> torch.Tensor:
+    """float64 -> the float32 at or above each value, so a bound built from it never falls short."""
+    down = values.float()
+    return torch.where(down.double() < values, torch.nextafter(down, torch.full_like(down, float("inf"))), down)
+
+
+class NativeHead:
+    """logits(hidden) and greedy(hidden) for one head weight [N, K] (bf16, kept by reference)."""
+
+    def __init__(self, weight: torch.Tensor, extension):
+        if weight.dtype != torch.bfloat16 or weight.shape[1] % SCREEN_WIDTH:
+            raise ValueError(f"native head needs a bf16 weight with a multiple of {SCREEN_WIDTH} columns, "
+                             f"got {tuple(weight.shape)} {weight.dtype}")
+        self.extension = extension
+        self.weight = weight.detach().contiguous()
+        rows, width = self.weight.shape
+        padded = -(-rows // 16) * 16
+        exact = torch.zeros(padded, width, dtype=torch.float64)
+        exact[:rows] = self.weight.double()                                   # bf16 values, exactly
+        row_max = exact.abs().amax(dim=1)
+        scale = torch.where(row_max > 0, row_max / 127, torch.ones_like(row_max)).float()   # [N16]
+        q = (exact / scale.double()[:, None]).round().clamp_(-127, 127).to(torch.int8)      # [N16, K]
+        # [N16/16, K/4, 16, 4]: one 64-byte vector holds 4 columns of 16 rows (see greedy_head.cpp)
+        self.q_blocks = q.view(padded // 16, 16, width // 4, 4).permute(0, 2, 1, 3).contiguous()
+        self.row_scale = scale
+        self.q_sum = q.sum(dim=1, dtype=torch.int32)
+        quantized = scale.double()[:, None] * q.double()
+        # Summation error of a K-term fp32 dot in 16 lanes: at most ~(K/16 + 4) roundings of 2^-24 each of
+        # sum |w_k h_k| <= ||w|| ||h||; x4 for the score's own roundings and margin.
+        rounding = 4 * (width / 16 + 4) * 2.0 ** -24
+        self.slack_q = _round_up(quantized.norm(dim=1))
+        self.slack_h = _round_up((exact - quantized).norm(dim=1) + rounding * exact.norm(dim=1))
+
+    @property
+    def rows(self) -> int:
+        return self.weight.shape[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:   # [..., K] -> [..., N] bf16
+        return self.extension.head_logits(hidden, self.weight)
+
+    def greedy(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor:   # [..., K] -> [...] long
+        """argmax over rows [0, num_rows) of logits(hidden), lowest index on ties."""
+        return self.extension.greedy_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
+                                          self.slack_q, self.slack_h, num_rows)

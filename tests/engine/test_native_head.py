@@ -1,0 +1,83 @@
+"""The native output head (model/native_head.py): greedy() is exactly the argmax of logits(), lowest row on ties,
+on random, tied, near-tied and degenerate inputs; logits() is computed the same way for every row."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anydraft.model.native import cpu_has, load_extension
+from anydraft.model.native_head import NativeHead
+
+from test_native_decoder import REASON
+
+pytestmark = pytest.mark.skipif(REASON is not None or not cpu_has("avx512_vnni"),
+                                reason=f"native head unavailable: {REASON or 'no AVX512-VNNI'}")
+
+
+def _head(rows: int, width: int = 128, seed: int = 0) -> NativeHead:
+    weight = (torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)) * 0.05).bfloat16()
+    return NativeHead(weight, load_extension())
+
+
+def _expected(head: NativeHead, hidden: torch.Tensor, num_rows: int) -> torch.Tensor:
+    return head.logits(hidden)[..., :num_rows].float().argmax(dim=-1)   # torch: first index among maxima
+
+
+def test_greedy_equals_argmax_of_logits_on_random_rows():
+    head = _head(5000)
+    hidden = (torch.randn(3, 7, 128, generator=torch.Generator().manual_seed(1)) * 4).bfloat16()
+    assert torch.equal(head.greedy(hidden, 5000), _expected(head, hidden, 5000))
+    assert head.greedy(hidden, 5000).shape == (3, 7)
+
+
+def test_greedy_breaks_ties_to_the_lowest_row_as_torch_does():
+    weight = (torch.randn(999, 128, generator=torch.Generator().manual_seed(2)) * 0.05).bfloat16()
+    weight[700] = weight[123] = weight[456] = weight[5] * 3   # three equal rows that beat everything else
+    head = NativeHead(weight, load_extension())
+    hidden = weight[5:6].float().mul(40).bfloat16()
+    assert head.greedy(hidden, 999).tolist() == [123] == _expected(head, hidden, 999).tolist()
+
+
+def test_greedy_near_ties_one_bf16_step_apart():
+    """Rows differing in one weight by one bf16 step: the screen cannot tell them apart, the exact pass must."""
+    weight = (torch.randn(4000, 128, generator=torch.Generator().manual_seed(3)) * 0.05).bfloat16()
+    base = weight[10].clone()
+    for offset, row in enumerate(range(2000, 2016)):
+        nudged = base.clone()
+        nudged[offset] = torch.nextafter(nudged[offset].float(), torch.tensor(9.0)).bfloat16()
+        weight[row] = nudged
+    head = NativeHead(weight, load_extension())
+    gen = torch.Generator().manual_seed(4)
+    hidden = (base.float()[None] * 30 + torch.randn(64, 128, generator=gen) * 0.3).bfloat16()
+    assert torch.equal(head.greedy(hidden, 4000), _expected(head, hidden, 4000))
+
+
+def test_rows_past_num_rows_are_never_chosen():
+    weight = (torch.randn(300, 128, generator=torch.Generator().manual_seed(5)) * 0.05).bfloat16()
+    weight[290] = weight[0] * 50   # would win, but sits in the padding rows
+    head = NativeHead(weight, load_extension())
+    hidden = weight[0:1].float().mul(20).bfloat16()
+    assert head.greedy(hidden, 289).item() == _expected(head, hidden, 289).item() != 290
+
+
+def test_degenerate_inputs_fall_back_to_exact_rows():
+    head = _head(700, seed=6)
+    zeros = torch.zeros(1, 128, dtype=torch.bfloat16)
+    assert head.greedy(zeros, 700).tolist() == _expected(head, zeros, 700).tolist() == [0]   # all logits 0
+    huge = torch.full((1, 128), 3.0e38).bfloat16()
+    huge[0, ::2] = -3.0e38
+    assert head.greedy(huge, 700).tolist() == _expected(head, huge, 700).tolist()
+
+
+def test_logits_do_not_depend_on_the_other_rows_of_the_batch():
+    head = _head(3000, seed=7)
+    hidden = torch.randn(9, 128, generator=torch.Generator().manual_seed(8)).bfloat16()
+    together = head.logits(hidden)
+    assert all(torch.equal(together[i], head.logits(hidden[i:i + 1])[0]) for i in range(9))
+    exact = hidden.double() @ head.weight.double().T
+    assert ((together.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()   # one bf16 rounding
+
+
+def test_width_not_a_multiple_of_64_is_refused():
+    with pytest.raises(ValueError, match="multiple of 64"):
+        NativeHead(torch.zeros(10, 96, dtype=torch.bfloat16), load_extension())
