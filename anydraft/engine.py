@@ -112,9 +112,9 @@ class Engine:
         sampling = self._sampling_batch(rows)
         proposal = self.proposer.propose(rows, sampling)                                   # [B, k] target ids
         t1 = time.perf_counter()
-        target_hidden = self._target_forward(rows, proposal)                               # [B, k+1, hidden]
+        target_out = self._target_forward(rows, proposal, sampling)          # greedy ids or logits, see below
         t2 = time.perf_counter()
-        verdict = self._verify(target_hidden, proposal, sampling)
+        verdict = self._verify(target_out, proposal, sampling)
         num_accepted, new_target_ids = self._fetch_to_host(verdict)                        # the one sync
         self.target.cache.rewind(rows, [self.k - n for n in num_accepted])
         self.proposer.observe(rows, num_accepted, new_target_ids)
@@ -127,17 +127,18 @@ class Engine:
             stats.other_seconds += t3 - t2
         return finished
 
-    def _target_forward(self, rows: list[int], proposal: Proposal) -> torch.Tensor:
+    def _target_forward(self, rows: list[int], proposal: Proposal, sampling: SamplingBatch | None) -> torch.Tensor:
+        """The target over [last verified token, k drafts]: its greedy ids [B, k+1] when every row is greedy
+        (the runner need not compute all logits for an argmax), else its logits [B, k+1, V_target]."""
         last = host_to_device([[self.last_target_id[r]] for r in rows], self.target.device, torch.long)
         target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
-        return self.target.forward(rows, target_input)
+        hidden = self.target.forward(rows, target_input)
+        return self.target.greedy_ids(hidden) if sampling is None else self.target.logits(hidden)
 
-    def _verify(self, target_hidden, proposal: Proposal, sampling: SamplingBatch | None) -> VerifyOutput:
-        # The target head runs here: greedy needs only its argmax, which the runner may get without all logits.
+    def _verify(self, target_out, proposal: Proposal, sampling: SamplingBatch | None) -> VerifyOutput:
         if sampling is None:
-            return verify_greedy(self.target.greedy_ids(target_hidden), proposal.draft_target_ids)
-        target_logits = self.target.logits(target_hidden)                                 # [B, k+1, V_target]
-        target_probs = logits_to_probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            return verify_greedy(target_out, proposal.draft_target_ids)
+        target_probs = logits_to_probs(target_out, sampling.temperature, sampling.top_k, sampling.top_p)
         # Drawn where the row generators live (host), moved in one non-blocking copy each.
         uniforms, exponentials = draw_noise(sampling.randoms, self.k, target_probs.shape[-1], "cpu")
         device, dtype = target_probs.device, target_probs.dtype

@@ -45,7 +45,7 @@ class ModelRunner:
             except ValueError as e:
                 self.native_unavailable = str(e)
         if self.packed and model.native is None:
-            pack_linears(model)
+            pack_linears(model.model)   # the body; the head gets its form in _set_head
         self.native_head: NativeHead | None = None
         self._set_head(model.lm_head)
         self.cache = KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,

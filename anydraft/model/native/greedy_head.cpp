@@ -38,6 +38,33 @@ inline float exact_logit(const float* x, const uint16_t* w, int64_t K) {
   return round_bf16(out + 0.f);   // as linear() with no bias
 }
 
+// R activation rows' codes (4 per int32, row stride K bytes) against one block of 16 head rows:
+// acc[r] lane i = sum over columns of code * q for head row i (codes carry +128, taken out by the caller).
+template <int R>
+inline void int8_scores(const int32_t* codes, int64_t K, const int8_t* block, int64_t groups, __m512i* acc) {
+  __m512i a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m512i q = _mm512_loadu_si512(block + g * 64);
+    for (int r = 0; r < R; ++r) {
+#if defined(__AVX512VNNI__)
+      a[r] = _mm512_dpbusd_epi32(a[r], _mm512_set1_epi32(codes[r * (K / 4) + g]), q);
+#else
+      alignas(64) int8_t q8[64];   // without VNNI: the same integers, one product at a time
+      alignas(64) int32_t lanes[16];
+      _mm512_store_si512(q8, q);
+      _mm512_store_si512(lanes, a[r]);
+      const int32_t code4 = codes[r * (K / 4) + g];
+      const uint8_t* cu = reinterpret_cast<const uint8_t*>(&code4);
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 4; ++j) lanes[i] += int32_t(cu[j]) * int32_t(q8[4 * i + j]);
+      a[r] = _mm512_load_si512(lanes);
+#endif
+    }
+  }
+  for (int r = 0; r < R; ++r) acc[r] = a[r];
+}
+
 struct Screen {  // one activation row quantized for the int8 pass
   bool usable;   // false: non-finite input, every row is computed exactly
   float scale, h_norm, e_norm;
@@ -123,29 +150,31 @@ torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Ten
       const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
       const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
       const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
-      for (int64_t m = 0; m < M; ++m) {
-        const Screen& s = screens[m];
-        const int32_t* c = reinterpret_cast<const int32_t*>(codes.data() + m * K);
-        __m512i acc = _mm512_setzero_si512();
-#if defined(__AVX512VNNI__)
-        for (int64_t g = 0; g < groups; ++g)
-          acc = _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(c[g]), _mm512_loadu_si512(qb + g * 64));
-#else
-        alignas(64) int32_t lanes[16] = {0};   // without VNNI: the same integers, one product at a time
-        const uint8_t* cu = reinterpret_cast<const uint8_t*>(c);
-        for (int64_t g = 0; g < groups; ++g)
-          for (int r = 0; r < 16; ++r)
-            for (int j = 0; j < 4; ++j) lanes[r] += int32_t(cu[4 * g + j]) * int32_t(qb[g * 64 + 4 * r + j]);
-        acc = _mm512_load_si512(lanes);
-#endif
-        const __m512i dot = _mm512_sub_epi32(acc, offset);   // exact integer p . q_n per lane
-        const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
-        const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
-                                             _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
-        _mm512_storeu_ps(bound.data() + m * padded + n, _mm512_add_ps(score, slack));
-        const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, score, best_score[m], _CMP_GT_OQ);
-        best_score[m] = _mm512_mask_blend_ps(better, best_score[m], score);
-        best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
+      // int8 scores of these 16 head rows for every activation row, 4 activation rows per pass over the block
+      // (the block's vectors are loaded once per pass; VNNI multiply-adds are what the pass costs)
+      __m512i accs[4];
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const int64_t mc = std::min<int64_t>(4, M - m0);
+        const int32_t* c = reinterpret_cast<const int32_t*>(codes.data() + m0 * K);
+        switch (mc) {
+          case 4: int8_scores<4>(c, K, qb, groups, accs); break;
+          case 3: int8_scores<3>(c, K, qb, groups, accs); break;
+          case 2: int8_scores<2>(c, K, qb, groups, accs); break;
+          default: int8_scores<1>(c, K, qb, groups, accs); break;
+        }
+        for (int64_t j = 0; j < mc; ++j) {
+          const int64_t m = m0 + j;
+          const Screen& s = screens[m];
+          const __m512i acc = accs[j];
+          const __m512i dot = _mm512_sub_epi32(acc, offset);   // exact integer p . q_n per lane
+          const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
+          const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
+                                               _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
+          _mm512_storeu_ps(bound.data() + m * padded + n, _mm512_add_ps(score, slack));
+          const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, score, best_score[m], _CMP_GT_OQ);
+          best_score[m] = _mm512_mask_blend_ps(better, best_score[m], score);
+          best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
+        }
       }
     }
     for (int64_t m = 0; m < M; ++m) {
@@ -179,7 +208,13 @@ torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Ten
     Best* winner = &winners[M * at::get_thread_num()];
     for (int64_t m = 0; m < M; ++m) {
       const float* b = bound.data() + m * padded;
-      for (int64_t n = n0; n < n1; ++n)
+      const __m512 t = _mm512_set1_ps(threshold[m]);
+      int64_t n = n0;
+      for (; n + 16 <= n1; n += 16)   // 16 bounds per compare; almost every block has no survivor
+        if (_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ))
+          for (int64_t i = n; i < n + 16; ++i)
+            if (!(b[i] < threshold[m])) winner[m].offer(exact_logit(xp + m * K, wp + i * K, K), i);
+      for (; n < n1; ++n)
         if (!(b[n] < threshold[m])) winner[m].offer(exact_logit(xp + m * K, wp + n * K, K), n);
     }
   });
