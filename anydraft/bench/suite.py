@@ -235,7 +235,11 @@ def run_bench(cfg: BenchConfig) -> dict:
     return {
         "date": datetime.date.today().isoformat(),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch_threads": cfg.threads,
-                    "torch": torch.__version__, "python": platform.python_version()},
+                    "torch": torch.__version__, "python": platform.python_version(),
+                    # "native" or why not (model/native.py): which kernels anydraft's rows ran on
+                    "anydraft_kernels": {"target": target.runner.native_unavailable or "native",
+                                         **{name: runner.native_unavailable or "native"
+                                            for name, runner in draft_runners.items() if runner is not None}}},
         "config": {"target_name": cfg.target, "draft_name": cfg.draft, "same_vocab_draft_name": cfg.same_vocab_draft,
                    "k": cfg.k, "num_prompts": len(prompts), "max_tokens": cfg.max_tokens,
                    "repeats": cfg.repeats, "peer_repeats": cfg.peer_repeats,

@@ -2,7 +2,7 @@
 
 On a CPU with AVX-512 in bf16, a Llama-family body runs as one C++ call instead of ~50 PyTorch calls per
 layer, and every row is computed the same way whatever the batch shape, so greedy speculative decoding is
-token-exact against the target alone in bf16. The extension is compiled on first use (about 30 s, g++) into
+token-exact against the target alone in bf16. The extension is compiled on first use (about a minute, g++) into
 a folder keyed by its source, torch version and CPU ($ANYDRAFT_NATIVE_DIR, else ~/.cache/anydraft/native);
 when it cannot be used the PyTorch path runs. ANYDRAFT_NATIVE=0 turns it off.
 """
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
 
 from .config import ModelConfig
+from .packed_linear import SMALL_WEIGHT_ELEMENTS
 
-log = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name("native") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
 
@@ -44,7 +44,8 @@ def _build_dir() -> Path:
     """Keyed by what changes the binary: source, torch version, CPU (-march=native)."""
     cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
                platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    # every file of native/ (headers too: torch's loader would not notice a changed header)
+    source = b"".join(path.read_bytes() for path in sorted(SOURCES[0].parent.iterdir()) if path.suffix in (".cpp", ".h"))
     key = hashlib.sha256(source + torch.__version__.encode() + cpu.encode()).hexdigest()[:16]
     configured = os.environ.get("ANYDRAFT_NATIVE_DIR")
     return (Path(configured) if configured else Path.home() / ".cache" / "anydraft" / "native") / key
@@ -56,6 +57,9 @@ def load_extension():
     from torch.utils.cpp_extension import load   # imported lazily: it is slow and only needed here
     build_dir = _build_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
+    if not any(build_dir.glob("anydraft_native*.so")):   # say why the first model load takes a minute
+        print(f"anydraft: compiling the native kernels for this CPU (first use, about a minute) into {build_dir}",
+              file=sys.stderr, flush=True)
     flags = ["-O3", "-march=native", "-fopenmp"]
     return load(name="anydraft_native", sources=[str(path) for path in SOURCES], build_directory=str(build_dir),
                 extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
@@ -105,6 +109,12 @@ class NativeDecoder:
                         empty if qkv_bias is None else qkv_bias,
                         empty if attn.qk_norm_weight is None else attn.qk_norm_weight,
                         attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up, down]
+        largest = max(t.numel() for t in tensors)
+        if largest > SMALL_WEIGHT_ELEMENTS:
+            # Per-call overhead is what the native body removes; a layer this size is bandwidth-bound, and
+            # oneDNN's bf16 kernels read it once for all k+1 rows, which these per-row kernels do not match.
+            raise ValueError(f"layer weights of {largest} elements: the native body takes models whose layer "
+                             f"weights have at most {SMALL_WEIGHT_ELEMENTS} (oneDNN runs larger ones)")
         self.layer_tensors = [t.detach().contiguous() for t in tensors]
         self.final_norm = model.model.norm.weight.detach().contiguous()
         self.embed = model.model.embed_tokens.weight.detach().contiguous()
