@@ -26,24 +26,24 @@ WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP siz
 
 def cpu_has(flag: str) -> bool:
     """Whether /proc/cpuinfo lists this CPU flag (e.g. avx512_vnni)."""
-    return flag in _cpu_flags()
+    return flag in _cpuinfo("flags").split()
 
 
-@functools.lru_cache(maxsize=1)
-def _cpu_flags() -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _cpuinfo(field: str) -> str:
+    """The first /proc/cpuinfo line of this field, after its colon ('' where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return ""
 
 
 def _build_dir() -> Path:
     """Keyed by what changes the binary: source, torch version, CPU (-march=native)."""
-    cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    cpu = _cpuinfo("model name") or platform.processor()
     # every file of native/ (headers too: torch's loader would not notice a changed header)
     source = b"".join(path.read_bytes() for path in sorted(SOURCES[0].parent.iterdir()) if path.suffix in (".cpp", ".h"))
     key = hashlib.sha256(source + torch.__version__.encode() + cpu.encode()).hexdigest()[:16]
@@ -71,7 +71,7 @@ def why_not_native(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -
         return "turned off by ANYDRAFT_NATIVE=0"
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
         return f"only for bfloat16 on CPU (here {dtype} on {torch.device(device).type})"
-    if not {"avx512f", "avx512bw"} <= _cpu_flags():
+    if not (cpu_has("avx512f") and cpu_has("avx512bw")):
         return "this CPU lacks AVX-512"
     sizes = {"hidden_size": cfg.hidden_size, "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size}
     odd = [f"{name}={value}" for name, value in sizes.items() if value % WIDTH]

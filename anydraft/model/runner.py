@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import torch
 
+from ..spec.sampling import greedy_argmax
 from .kv_cache import KVCache
 from .llama import CausalLM
 from .loader import load_model
 from .native import NativeDecoder, cpu_has, load_extension, why_not_native
 from .native_head import SCREEN_WIDTH, NativeHead
-from ..spec.sampling import greedy_argmax
 from .packed_linear import can_pack, pack_linear, pack_linears
 
 
@@ -37,7 +37,7 @@ class ModelRunner:
         model.requires_grad_(False)
         model.fuse_projections()
         self.packed = can_pack(self.device, self.dtype)
-        # Native body when it can run here (one C++ call per forward); the head stays a PyTorch matmul.
+        # Native body when it can run here (one C++ call per forward); the head's form: _set_head.
         self.native_unavailable = why_not_native(self.cfg, self.device, self.dtype)
         if self.native_unavailable is None:
             try:

@@ -59,12 +59,6 @@ void rope(float* x, int64_t M, int64_t heads, int64_t D, const uint16_t* cos, co
   }
 }
 
-inline float dot64(const float* a, const uint16_t* b, int64_t D) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t k = 0; k < D; k += LANES) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), load_bf16x16(b + k), acc);
-  return _mm512_reduce_add_ps(acc);
-}
-
 struct Window {  // where a forward's rows live in the cache
   int64_t B, S;
   const int64_t* slots;      // [B] cache row of each batch row
@@ -100,7 +94,7 @@ void attend(const float* q, const float* k, const float* v, int64_t Hq, int64_t 
       probs.resize(num_keys);
       float max_score = -INFINITY;
       for (int64_t j = 0; j < num_keys; ++j) {
-        probs[j] = dot64(qv, keys + j * pos_stride, D) * scale;
+        probs[j] = dot_row(qv, keys + j * pos_stride, D) * scale;
         max_score = std::max(max_score, probs[j]);
       }
       float total = 0.f;

@@ -33,9 +33,7 @@ struct Best {  // running argmax: the larger value, the lower index on ties
 };
 
 inline float exact_logit(const float* x, const uint16_t* w, int64_t K) {
-  float out;
-  dot_rows<1>(x, K, w, &out);
-  return round_bf16(out + 0.f);   // as linear() with no bias
+  return round_bf16(dot_row(x, w, K) + 0.f);   // as linear() with no bias
 }
 
 // R activation rows' codes (4 per int32, row stride K bytes) against one block of 16 head rows:

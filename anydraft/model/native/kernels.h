@@ -52,6 +52,13 @@ inline void dot_rows(const float* x, int64_t K, const uint16_t* w, float* out) {
   for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
+// One row: the same arithmetic as each row of dot_rows (attention scores, exact head logits).
+inline float dot_row(const float* x, const uint16_t* w, int64_t K) {
+  float out;
+  dot_rows<1>(x, K, w, &out);
+  return out;
+}
+
 template <int R>
 inline void linear_block(const float* x, int64_t K, const uint16_t* w, const uint16_t* bias, int64_t n0, int64_t n1,
                   int64_t N, float* y) {
