@@ -10,7 +10,7 @@ from .config import SamplingParams
 from .metrics import SpecStats
 from .model.runner import ModelRunner, host_to_device
 from .spec.proposer import Proposal, Proposer, SamplingBatch
-from .spec.sampling import RowRandom, draw_noise, logits_to_probs
+from .spec.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
 from .spec.verify import VerifyOutput, verify_greedy, verify_sampling
 from .tokenizer import Tokenizer
 
@@ -77,18 +77,46 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[Request]:
+        """Move waiting requests into free rows. One padded target prefill over the prompts of all that join
+        now gives each its first token, as in vLLM and HF: no verification step is spent on it. Returns the
+        requests that this first token already finished."""
         admitted = []
         while self.waiting and self.free_rows:
             request, row = self.waiting.pop(0), self.free_rows.pop()
             request.row, request.started = row, time.perf_counter()
             self.target.cache.reset(row)
-            self.last_target_id[row] = request.prompt_target_ids[-1]
-            self.proposer.add_request(row, request.prompt, request.prompt_target_ids)
             self.running[row] = request
             admitted.append(request)
-        if admitted:  # one padded forward for every prompt that joins now, not one per request
-            self.target.prefill_rows([r.row for r in admitted], [r.prompt_target_ids[:-1] for r in admitted])
+        if not admitted:
+            return []
+        last_hidden = self.target.prefill_rows([r.row for r in admitted], [r.prompt_target_ids for r in admitted])
+        first_target_ids = self._first_target_ids(admitted, last_hidden)
+        finished, joined = [], []
+        for request, target_id in zip(admitted, first_target_ids):
+            self.last_target_id[request.row] = target_id
+            self._append(request, target_id)
+            if request.finished:
+                self._release(request)
+                finished.append(request)
+            else:
+                self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
+                joined.append(request)
+        self.proposer.observe([r.row for r in joined], [0] * len(joined), [[self.last_target_id[r.row]] for r in joined])
+        return finished
+
+    def _first_target_ids(self, requests: list[Request], last_hidden: torch.Tensor) -> list[int]:
+        """Each request's first token from the target's hidden state at its last prompt token [A, 1, hidden].
+        Host ints: a step that admits requests syncs here too, since the draft must see that token first."""
+        sampling = self._sampling_batch(requests)
+        if sampling is None:
+            return self.target.greedy_ids(last_hidden)[:, 0].tolist()
+        target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
+                                       sampling.top_p)                                      # [A, 1, V_target]
+        # Greedy rows have one-hot probs (logits_to_probs), so noise 1 leaves them their argmax.
+        noise = torch.stack([torch.ones(1, target_probs.shape[-1]) if r.params.greedy
+                             else r.random.exponential(1, target_probs.shape[-1]) for r in requests])
+        return sample_from_probs(target_probs, noise.to(target_probs)).flatten().tolist()
 
     def _release(self, request: Request) -> None:
         row = request.row
@@ -103,13 +131,13 @@ class Engine:
     def step(self) -> list[Request]:
         """One speculative step over every running row; returns the requests that finished in it."""
         t_admit = time.perf_counter()
-        self._admit()                                                                      # target prefill
+        finished = self._admit()                                           # target prefill -> first tokens
         rows = sorted(self.running)
         if not rows:
-            return []
+            return finished
         step_requests = [self.running[r] for r in rows]
         t0 = time.perf_counter()
-        sampling = self._sampling_batch(rows)
+        sampling = self._sampling_batch(step_requests)
         proposal = self.proposer.propose(rows, sampling)                                   # [B, k] target ids
         t1 = time.perf_counter()
         target_out = self._target_forward(rows, proposal, sampling)          # greedy ids or logits, see below
@@ -118,7 +146,7 @@ class Engine:
         num_accepted, new_target_ids = self._fetch_to_host(verdict)                        # the one sync
         self.target.cache.rewind(rows, [self.k - n for n in num_accepted])
         self.proposer.observe(rows, num_accepted, new_target_ids)
-        finished = self._record(rows, num_accepted, new_target_ids)
+        finished += self._record(rows, num_accepted, new_target_ids)
         t3 = time.perf_counter()
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
@@ -154,8 +182,8 @@ class Engine:
         new_target_ids = [row[1:2 + n] for row, n in zip(packed, num_accepted)]
         return num_accepted, new_target_ids
 
-    def _sampling_batch(self, rows: list[int]) -> SamplingBatch | None:
-        params = [self.running[r].params for r in rows]
+    def _sampling_batch(self, requests: list[Request]) -> SamplingBatch | None:
+        params = [r.params for r in requests]
         if all(p.greedy for p in params):
             return None
         dev = self.target.device
@@ -167,7 +195,7 @@ class Engine:
             temperature=host_to_device([p.temperature for p in params], dev),
             top_k=host_to_device([max(p.top_k, 0) for p in params], dev, torch.long) if use_top_k else None,
             top_p=host_to_device([p.top_p for p in params], dev) if use_top_p else None,
-            randoms=[self.running[r].random for r in rows])
+            randoms=[r.random for r in requests])
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _record(self, rows, num_accepted, new_target_ids) -> list[Request]:

@@ -2,7 +2,8 @@
 
 AL = tokens appended per target verification forward = accepted draft tokens + the one recovered or
 bonus token, averaged over target forwards; so 1 <= AL <= k+1 (target alone: AL = 1). Tokens cut off
-by a stop condition inside a step still count as appended by that step.
+by a stop condition inside a step still count as appended by that step. A request's first token comes from
+the prompt's forward (the prefill), as in vLLM and HF: that forward verifies nothing and is not counted.
 Per-position acceptance rate i = P(draft token i accepted) = steps accepting >= i+1 tokens / steps.
 """
 from __future__ import annotations

@@ -125,20 +125,29 @@ class ModelRunner:
             return self.native_head.greedy(hidden, self.num_token_rows)
         return greedy_argmax(self.logits(hidden))
 
-    def prefill(self, row: int, token_ids: list[int], chunk: int = 512) -> None:
-        """Put a prompt into one row's cache (no logits needed: the last prompt token is fed by the step)."""
-        self.prefill_rows([row], [token_ids], chunk)
+    def prefill(self, row: int, token_ids: list[int], chunk: int = 512) -> torch.Tensor | None:
+        """Put a prompt into one row's cache; returns the hidden state at its last token [1, 1, hidden]."""
+        return self.prefill_rows([row], [token_ids], chunk)
 
-    def prefill_rows(self, rows: list[int], token_ids: list[list[int]], chunk: int = 512) -> None:
+    def prefill_rows(self, rows: list[int], token_ids: list[list[int]], chunk: int = 512) -> torch.Tensor | None:
         """Prompts of several rows in one right-padded forward per chunk (rows joining a batch together).
 
-        Padding is written past a row's length, where it is masked and later overwritten.
+        Returns the hidden state at each row's last token [B, 1, hidden] (whose logits give the first output
+        token), or None when some row had no tokens. Padding is written past a row's length, where it is
+        masked and later overwritten.
         """
+        last_hidden: list[torch.Tensor | None] = [None] * len(rows)
         for start in range(0, max((len(t) for t in token_ids), default=0), chunk):
-            pieces = [(row, ids[start:start + chunk]) for row, ids in zip(rows, token_ids) if len(ids) > start]
+            pieces = [(i, ids[start:start + chunk]) for i, ids in enumerate(token_ids) if len(ids) > start]
             width = max(len(piece) for _, piece in pieces)
             batch = host_to_device([piece + [0] * (width - len(piece)) for _, piece in pieces], self.device, torch.long)
-            self.forward([row for row, _ in pieces], batch, num_new=[len(piece) for _, piece in pieces])
+            hidden = self.forward([rows[i] for i, _ in pieces], batch, num_new=[len(piece) for _, piece in pieces])
+            for j, (i, piece) in enumerate(pieces):
+                if start + len(piece) == len(token_ids[i]):
+                    last_hidden[i] = hidden[j, len(piece) - 1]
+        if any(h is None for h in last_hidden):
+            return None
+        return torch.stack(last_hidden)[:, None]
 
     def cost_flops_per_token(self) -> dict:
         """Multiply-adds per decoded token, split into layers and output head (for reporting head savings)."""

@@ -34,8 +34,9 @@ class Proposer(Protocol):
         """k proposals for each of `rows` (no host sync inside)."""
 
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
-        """After verification: row i accepted num_accepted[i] proposals; new_target_ids[i] are all tokens
-        appended to the target sequence this step (the accepted ones, then the recovered or bonus one)."""
+        """new_target_ids[i]: the tokens appended to row i's target sequence since the last call. After
+        verification: the num_accepted[i] accepted proposals, then the recovered or bonus token. After
+        add_request: the first token, from the target's prompt forward (num_accepted 0, nothing proposed)."""
 
     def remove_request(self, row: int) -> None:
         """The request left; its row may be reused."""

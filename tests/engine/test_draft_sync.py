@@ -41,7 +41,7 @@ def proposals_from_scratch(proposer, row: int) -> list[int]:
 def test_draft_proposes_from_its_synced_sequence(ckpts, llms, prompts, monkeypatch, case, target, draft, k):
     llm = llms.get(getattr(ckpts, target), getattr(ckpts, draft), k=k)
     proposer = llm.proposer
-    real_propose, real_observe = proposer.propose, proposer.observe
+    real_propose, real_observe, real_add = proposer.propose, proposer.observe, proposer.add_request
     checked = {"proposals": 0, "steps": 0}
     prompt_bytes: dict[int, bytes] = {}
     target_bytes: dict[int, bytes] = {}
@@ -54,11 +54,15 @@ def test_draft_proposes_from_its_synced_sequence(ckpts, llms, prompts, monkeypat
         for i, row in enumerate(rows):
             assert proposal.draft_target_ids[i].tolist() == expected[row], f"row {row}, step {checked['steps']}"
             checked["proposals"] += k
-            if resync is not None and row not in prompt_bytes:
-                prompt_bytes[row] = resync.draft_text_bytes(proposer.states[row].draft_ids)
-                target_bytes[row] = b""
         checked["steps"] += 1
         return proposal
+
+    def add_request(row, prompt_text, prompt_target_ids):
+        real_add(row, prompt_text, prompt_target_ids)
+        if resync is not None:
+            # The draft's own tokenization of the prompt; the target's tokens (its first one next) follow it.
+            prompt_bytes[row] = resync.draft_text_bytes(proposer.states[row].draft_ids)
+            target_bytes[row] = b""
 
     def observe(rows, num_accepted, new_target_ids):
         real_observe(rows, num_accepted, new_target_ids)
@@ -77,6 +81,7 @@ def test_draft_proposes_from_its_synced_sequence(ckpts, llms, prompts, monkeypat
         real_remove(row)
 
     monkeypatch.setattr(proposer, "propose", propose)
+    monkeypatch.setattr(proposer, "add_request", add_request)
     monkeypatch.setattr(proposer, "observe", observe)
     monkeypatch.setattr(proposer, "remove_request", remove_request)
     outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n) for n in (12, 16, 20, 12, 8, 16)])

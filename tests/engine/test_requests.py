@@ -24,6 +24,28 @@ def test_max_tokens_cuts_inside_a_step(ckpts, llms, prompts, max_tokens):
         assert out.text == llm.tokenizer.decode(out.token_ids)
 
 
+def test_first_token_comes_from_the_prompt_forward(ckpts, llms, prompts, monkeypatch):
+    """The prefill's last position gives the first token, as in vLLM and HF: with a draft that is always
+    accepted (itself, k=4), 11 tokens take the prompt forward plus 2 verification steps of 5 tokens, and a
+    request of one token takes no verification step at all. AL counts only the verification steps."""
+    llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_target, k=4)
+    target_forwards = []
+    real_forward = llm.engine.target.forward
+    monkeypatch.setattr(llm.engine.target, "forward",
+                        lambda rows, input_ids, num_new=None: target_forwards.append(input_ids.shape[1])
+                        or real_forward(rows, input_ids, num_new))
+    prompt_len = len(llm.tokenizer.encode(prompts[0]))
+    [out] = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=11, ignore_eos=True))
+    assert out.token_ids == reference_greedy(ckpts.gpt2_target, prompts[0], 11)
+    assert target_forwards == [prompt_len, 5, 5]
+    assert out.metrics["target_forwards"] == 2 and out.metrics["acceptance_length"] == 5
+    target_forwards.clear()
+    [one] = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    assert one.token_ids == out.token_ids[:1] and one.finish_reason == "length"
+    assert target_forwards == [prompt_len] and one.metrics["target_forwards"] == 0
+    assert not llm.engine.has_unfinished() and len(llm.engine.free_rows) == llm.engine.target.cache.max_batch
+
+
 def test_stop_string_cuts_text_and_finishes(ckpts, llms, prompts):
     """TLI with full acceptance (shuffled vocabulary): the stop string appears in the middle of a step."""
     llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, k=3)

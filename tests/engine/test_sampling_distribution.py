@@ -25,6 +25,7 @@ NUM_SAMPLES = 3072
 K = 3
 PROMPT = "The answer is"
 SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000, "d2t": 3_000_000, "tli_fr": 4_000_000}
+MIN_CONDITIONAL_SAMPLES = 1000   # second tokens after the most common first one (the verified-token tests)
 FR_HEAD_ROWS = 200   # tli_fr: the TLI draft's head cut to the 200 rows GSM8K train uses most
 
 
@@ -89,6 +90,15 @@ def samples(ckpts, llms, draft_vocab_corpus):
     return get
 
 
+def verified_tokens(pairs: list[tuple]) -> tuple[int, list[int]]:
+    """(t, second tokens of the samples whose first token is t) for the most common first token t.
+
+    The first token comes from the prompt's forward; the second is the first one verification decides
+    (an accepted draft, or a recovered or bonus token), so its conditional law is where a verifier bug shows."""
+    first = Counter(pair[0] for pair in pairs).most_common(1)[0][0]
+    return first, [pair[1] for pair in pairs if pair[0] == first and pair[1] is not None]
+
+
 @pytest.mark.parametrize("kind", ["target_alone", "identity", "tli", "d2t", "tli_fr"])
 def test_first_token_follows_exact_target_softmax(ckpts, samples, kind):
     first_target_ids = [pair[0] for pair in samples(kind)]
@@ -97,6 +107,18 @@ def test_first_token_follows_exact_target_softmax(ckpts, samples, kind):
     assert max(first_target_ids) < tokenizer_of(ckpts.small_target).vocab_size
     p_value = goodness_of_fit(first_target_ids, probs)
     print(f"\n[{kind}] first token vs exact softmax: p = {p_value:.3g}")
+    assert p_value > P_VALUE_MIN
+
+
+@pytest.mark.parametrize("kind", ["target_alone", "identity", "tli", "d2t", "tli_fr"])
+def test_verified_token_follows_exact_target_softmax(ckpts, samples, kind):
+    first, second_target_ids = verified_tokens(samples(kind))
+    assert len(second_target_ids) >= MIN_CONDITIONAL_SAMPLES
+    probs = reference_first_token_probs(ckpts.small_target, PROMPT, after=(first,))
+    assert all(probs[t] > 0 for t in second_target_ids), "a token of probability 0 (padding row?) was sampled"
+    p_value = goodness_of_fit(second_target_ids, probs)
+    print(f"\n[{kind}] verified token after {first} ({len(second_target_ids)} samples) vs exact softmax: "
+          f"p = {p_value:.3g}")
     assert p_value > P_VALUE_MIN
 
 
@@ -109,16 +131,21 @@ def test_first_two_tokens_match_target_alone(samples, kind):
 
 
 def test_truncated_sampling_follows_truncated_target(ckpts, samples):
-    """temperature 0.7 and top_k 5 on both sides (TLI): p is the target's truncated, renormalized softmax."""
-    first_target_ids = [pair[0] for pair in samples("tli", temperature=0.7, top_k=5)]
-    probs = reference_first_token_probs(ckpts.small_target, PROMPT, temperature=0.7)
-    top = probs.topk(5).indices
-    truncated = torch.zeros_like(probs)
-    truncated[top] = probs[top] / probs[top].sum()
-    assert set(first_target_ids) <= set(top.tolist())
-    p_value = goodness_of_fit(first_target_ids, truncated)
-    print(f"\n[tli T=0.7 top_k=5] first token vs truncated softmax: p = {p_value:.3g}")
-    assert p_value > P_VALUE_MIN
+    """temperature 0.7 and top_k 5 on both sides (TLI): p is the target's truncated, renormalized softmax,
+    for the first token (prompt forward) and the verified one after it."""
+    pairs = samples("tli", temperature=0.7, top_k=5)
+    first, second_target_ids = verified_tokens(pairs)
+    assert len(second_target_ids) >= MIN_CONDITIONAL_SAMPLES
+    for name, target_ids, after in (("first", [pair[0] for pair in pairs], ()),
+                                    ("verified", second_target_ids, (first,))):
+        probs = reference_first_token_probs(ckpts.small_target, PROMPT, temperature=0.7, after=after)
+        top = probs.topk(5).indices
+        truncated = torch.zeros_like(probs)
+        truncated[top] = probs[top] / probs[top].sum()
+        assert set(target_ids) <= set(top.tolist())
+        p_value = goodness_of_fit(target_ids, truncated)
+        print(f"\n[tli T=0.7 top_k=5] {name} token vs truncated softmax: p = {p_value:.3g}")
+        assert p_value > P_VALUE_MIN
 
 
 def test_statistic_detects_a_wrong_distribution(ckpts, samples):
@@ -139,3 +166,13 @@ def test_statistic_detects_a_wrong_distribution(ckpts, samples):
     # ...while exact target samples pass the same test.
     exact_first_ids = torch.multinomial(target_probs, NUM_SAMPLES, replacement=True, generator=generator).tolist()
     assert goodness_of_fit(exact_first_ids, target_probs) > P_VALUE_MIN
+    # The same controls at the verified-token tests' sample size (second tokens after the commonest first).
+    first, second_target_ids = verified_tokens(samples("target_alone"))
+    n = len(second_target_ids)
+    target_probs = reference_first_token_probs(ckpts.small_target, PROMPT, after=(first,))
+    for wrong_probs in (reference_first_token_probs(ckpts.small_noisy_draft, PROMPT, after=(first,)),
+                        reference_first_token_probs(ckpts.small_target, PROMPT, temperature=1.2, after=(first,))):
+        wrong_ids = torch.multinomial(wrong_probs, n, replacement=True, generator=generator).tolist()
+        p_value = goodness_of_fit(wrong_ids, target_probs)
+        print(f"\n[control, {n} samples] wrong second-token law vs target softmax: p = {p_value:.3g}")
+        assert p_value < P_VALUE_MIN

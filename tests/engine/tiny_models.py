@@ -220,9 +220,11 @@ def reference_greedy(model_dir: Path, prompt: str, max_tokens: int) -> list[int]
     return list(_reference_greedy(str(model_dir), tuple(prompt_target_ids), max_tokens))
 
 
-def reference_first_token_probs(model_dir: Path, prompt: str, temperature: float = 1.0) -> torch.Tensor:
-    """Exact target distribution of the first generated token [V_rows], float64."""
-    prompt_target_ids = tokenizer_of(Path(model_dir)).encode(prompt)
+def reference_first_token_probs(model_dir: Path, prompt: str, temperature: float = 1.0,
+                                after: tuple[int, ...] = ()) -> torch.Tensor:
+    """Exact target distribution [V_rows], float64, of the first generated token, or of the token that
+    follows the generated target ids `after`."""
+    prompt_target_ids = tokenizer_of(Path(model_dir)).encode(prompt) + list(after)
     return (_reference_logits(Path(model_dir), prompt_target_ids) / temperature).softmax(-1)
 
 
