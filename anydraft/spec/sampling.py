@@ -145,8 +145,10 @@ class RowRandom:
 
 def draw_noise(row_randoms: Sequence[RowRandom | None], k: int, vocab_size: int,
                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Noise for one verification step: (uniforms # [B, k], exponentials # [B, k+1, vocab_size]).
+    """Noise for one verification step: (uniforms # [B, k], exponentials # [B, vocab_size]).
 
+    One Exp(1) vector per row, not one per position: a row draws a single token per step (recovered or
+    bonus), and over a 150k vocabulary these draws are the costliest part of a sampling step on CPU.
     Row i's noise comes only from row_randoms[i]'s generator (see RowRandom). A None entry is for a
     greedy row (one-hot target probs): it gets uniforms 0 and exponentials 1, which make
     `verify_sampling` accept exactly when the draft token is the target argmax and emit the argmax
@@ -154,10 +156,10 @@ def draw_noise(row_randoms: Sequence[RowRandom | None], k: int, vocab_size: int,
     """
     batch = len(row_randoms)
     uniforms = torch.zeros(batch, k, device=device)
-    exponentials = torch.ones(batch, k + 1, vocab_size, device=device)
+    exponentials = torch.ones(batch, vocab_size, device=device)
     for row, row_random in enumerate(row_randoms):
         if row_random is None:
             continue
         uniforms[row] = row_random.uniform(k)
-        exponentials[row] = row_random.exponential(k + 1, vocab_size)
+        exponentials[row] = row_random.exponential(1, vocab_size)[0]
     return uniforms, exponentials

@@ -58,7 +58,7 @@ def verify_sampling(target_probs: torch.Tensor,      # [B, k+1, V_target] p, aft
                     draft_probs: torch.Tensor,       # [B, k, V_target] q, scattered into target vocab
                     draft_target_ids: torch.Tensor,  # [B, k] drafted tokens in target ids, x_i ~ q_i
                     uniforms: torch.Tensor,          # [B, k] U[0, 1)
-                    exponentials: torch.Tensor,      # [B, k+1, V_target] Exp(1)
+                    exponentials: torch.Tensor,      # [B, V_target] Exp(1), for the one token drawn per row
                     ) -> VerifyOutput:
     """Standard speculative rejection sampling; every emitted token is distributed exactly as p.
 
@@ -67,6 +67,8 @@ def verify_sampling(target_probs: torch.Tensor,      # [B, k+1, V_target] p, aft
     q may be zero outside an intersection of vocabularies: p's mass there is only reachable through
     the residual, which is what keeps the output exact.
     Greedy rows fit too: with one-hot p (see logits_to_probs) this accepts iff x_i is the argmax.
+    A row draws one token (recovered or bonus) per step, so one noise vector per row serves whichever
+    position that is: it is independent of the uniforms that chose the position.
     """
     batch, num_drafted = draft_target_ids.shape
     ids = draft_target_ids.long()[:, :, None]                                       # [B, k, 1]
@@ -92,5 +94,5 @@ def verify_sampling(target_probs: torch.Tensor,      # [B, k+1, V_target] p, aft
     else:
         next_probs = target_prob_next
     # The race is scale-invariant, so the residual needs no normalization.
-    next_ids = sample_from_probs(next_probs, exponentials.gather(1, at_next).squeeze(1))
+    next_ids = sample_from_probs(next_probs, exponentials)
     return _assemble_output(draft_target_ids, num_accepted, next_ids)

@@ -81,7 +81,7 @@ def _one_position(p: list[float], q: list[float]) -> tuple[torch.Tensor, torch.T
 
 def test_sampling_acceptance_threshold_is_p_over_q():
     target_probs, draft_probs = _one_position([0.3, 0.7, 0.0, 0.0], [0.6, 0.2, 0.2, 0.0])
-    exponentials = torch.ones(1, 2, 4)
+    exponentials = torch.ones(1, 4)
     accepted = verify_sampling(target_probs, draft_probs, torch.tensor([[0]]), torch.tensor([[0.49]]), exponentials)
     rejected = verify_sampling(target_probs, draft_probs, torch.tensor([[0]]), torch.tensor([[0.51]]), exponentials)
     assert accepted.num_accepted.item() == 1 and accepted.output_ids[0, 0].item() == 0
@@ -93,7 +93,7 @@ def test_sampling_acceptance_threshold_is_p_over_q():
 
 def test_sampling_draft_prob_zero_is_safe():
     target_probs, draft_probs = _one_position([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0])
-    exponentials = torch.ones(1, 2, 4)
+    exponentials = torch.ones(1, 4)
     accepted = verify_sampling(target_probs, draft_probs, torch.tensor([[1]]), torch.tensor([[0.9]]), exponentials)
     assert accepted.num_accepted.item() == 1          # q(x) = 0 < p(x): min(1, p/q) = 1
     rejected = verify_sampling(target_probs, draft_probs, torch.tensor([[3]]), torch.tensor([[0.0]]), exponentials)
@@ -104,14 +104,14 @@ def test_sampling_draft_prob_zero_is_safe():
 def test_sampling_zero_residual_falls_back_to_target():
     # p == q and the drafted token has p = q = 0: residual is all zero, so draw from p.
     target_probs, draft_probs = _one_position([0.5, 0.5, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0])
-    exponentials = torch.tensor([[[1.0, 0.1, 1.0, 1.0], [1.0] * 4]])
+    exponentials = torch.tensor([[1.0, 0.1, 1.0, 1.0]])
     out = verify_sampling(target_probs, draft_probs, torch.tensor([[2]]), torch.tensor([[0.3]]), exponentials)
     assert out.num_accepted.item() == 0 and out.next_ids.item() == 1
 
 
-def test_sampling_bonus_uses_last_position_noise():
+def test_sampling_bonus_is_drawn_from_the_last_position():
     target_probs = torch.tensor([[[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]]])
-    exponentials = torch.tensor([[[1.0, 1.0, 1.0], [0.01, 1.0, 1.0]]])  # token 0 wins the race at position 1
+    exponentials = torch.tensor([[0.01, 1.0, 1.0]])  # token 0 (p 0 at position 0, 0.2 at 1) wins the race
     out = verify_sampling(target_probs, target_probs[:, :1], torch.tensor([[1]]), torch.tensor([[0.99]]),
                           exponentials)
     assert out.output_ids.tolist() == [[1, 0]] and out.num_accepted.tolist() == [1]
@@ -143,7 +143,7 @@ def _draw_and_verify(target: list[list[float]], draft: list[list[float]], seed: 
     uniforms = torch.rand(NUM_SAMPLES, num_drafted, generator=generator)
     if always_accept:
         uniforms = torch.zeros_like(uniforms)
-    exponentials = torch.empty(NUM_SAMPLES, num_drafted + 1, vocab_size).exponential_(generator=generator)
+    exponentials = torch.empty(NUM_SAMPLES, vocab_size).exponential_(generator=generator)
     out = verify_sampling(target_probs, draft_probs, draft_target_ids, uniforms, exponentials)
     return out, target_probs, draft_probs
 
