@@ -16,6 +16,10 @@ from ..engine import Engine
 from ..metrics import SpecStats
 
 
+class ContenderUnavailable(RuntimeError):
+    """A contender in another process stopped answering: the bench drops it, records why, and goes on."""
+
+
 @dataclass
 class PromptRun:
     """One prompt decoded by one contender."""
@@ -90,23 +94,41 @@ class _Tally:
 
 def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
                rounds_of: Callable[[Contender], int] = lambda c: -1,
-               log: Callable[[str], None] = lambda m: None) -> dict[str, dict]:
+               log: Callable[[str], None] = lambda m: None,
+               dropped: dict[str, str] | None = None) -> dict[str, dict]:
     """Warm every contender up once, then `repeats` rounds of: for each prompt, every contender in a rotating
-    order. rounds_of(c) >= 0 caps a contender's rounds (a slow peer). Returns one result dict per name."""
+    order. rounds_of(c) >= 0 caps a contender's rounds (a slow peer). Returns one result dict per name; a
+    contender that raises ContenderUnavailable is left out of it, with the reason in `dropped`."""
+    dropped = {} if dropped is None else dropped
+
+    def attempt(contender: Contender, call: Callable[[], PromptRun | None], where: str) -> PromptRun | None:
+        try:
+            return call()
+        except ContenderUnavailable as e:
+            dropped[contender.name] = f"stopped answering during {where}, dropped from the bench: {e}"
+            log(f"{contender.name}: {dropped[contender.name]}")
+            return None
+
     for contender in contenders:
         log(f"warm-up: {contender.name}")
-        contender.warm_up(0)
+        attempt(contender, lambda: contender.warm_up(0), "its warm-up")
     tallies = {c.name: _Tally([0.0] * repeats, [0] * repeats) for c in contenders}
     for round_index in range(repeats):
-        active = [c for c in contenders if rounds_of(c) < 0 or round_index < rounds_of(c)]
+        active = [c for c in contenders if c.name not in dropped and (rounds_of(c) < 0 or round_index < rounds_of(c))]
         for prompt_index in range(num_prompts):
             shift = (round_index + prompt_index) % len(active)
             for contender in active[shift:] + active[:shift]:
-                _add(tallies[contender.name], contender.run(prompt_index), round_index)
+                if contender.name in dropped:
+                    continue
+                run = attempt(contender, lambda: contender.run(prompt_index),
+                              f"round {round_index + 1}, prompt {prompt_index}")
+                if run is not None:
+                    _add(tallies[contender.name], run, round_index)
         log(f"round {round_index + 1}/{repeats}: " + ", ".join(
             f"{c.name} {tallies[c.name].tokens[round_index] / tallies[c.name].seconds[round_index]:.1f} tok/s"
-            for c in active))
-    return {c.name: _summary(c, tallies[c.name], rounds_of(c) if rounds_of(c) >= 0 else repeats) for c in contenders}
+            for c in active if c.name not in dropped))
+    return {c.name: _summary(c, tallies[c.name], rounds_of(c) if rounds_of(c) >= 0 else repeats)
+            for c in contenders if c.name not in dropped}
 
 
 def _add(tally: _Tally, run: PromptRun, round_index: int) -> None:

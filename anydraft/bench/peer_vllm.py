@@ -15,12 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from .contenders import PromptRun
+from .contenders import ContenderUnavailable, PromptRun
 
 RUNNER_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "vllm_runner.py"
 
 
-class VLLMUnavailable(RuntimeError):
+class VLLMUnavailable(ContenderUnavailable):
     """The worker could not start or stopped answering; the message says why (with its log's tail)."""
 
 

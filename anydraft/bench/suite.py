@@ -173,11 +173,15 @@ def run_bench(cfg: BenchConfig) -> dict:
     names = ", ".join(c.name for c in contenders)
     _log(f"{cfg.repeats} interleaved rounds over {len(prompts)} prompts: {names}")
     try:
+        dropped: dict[str, str] = {}
         results = run_rounds(contenders, len(prompts), cfg.repeats,
-                             rounds_of=lambda c: cfg.peer_repeats if c.system != "anydraft" else -1, log=_log)
+                             rounds_of=lambda c: cfg.peer_repeats if c.system != "anydraft" else -1, log=_log,
+                             dropped=dropped)
     finally:
         for peer in peers:
             getattr(peer, "close", lambda: None)()
+    skipped.update(dropped)
+    contenders = [c for c in contenders if c.name in results]   # a peer that stopped answering is gone
     runs = []
     for contender in contenders:
         name = contender.name + (" [emulated target]" if cfg.inflate is not None else "")  # every output says so

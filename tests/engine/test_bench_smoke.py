@@ -96,6 +96,33 @@ def test_rounds_interleave_contenders_and_rotate_their_order():
     assert results["a"]["output_target_ids"] == [[7] * 4, [7] * 4]
 
 
+def test_contender_that_stops_answering_is_dropped_and_the_others_finish():
+    """A peer whose worker hangs or dies mid-bench (ContenderUnavailable) is dropped with the reason; the other
+    contenders' rounds still complete and are reported."""
+    from anydraft.bench.contenders import ContenderUnavailable, PromptRun, run_rounds
+    from anydraft.bench.peer_vllm import VLLMUnavailable
+
+    class Fake:
+        def __init__(self, name, fail_at=None):
+            self.name, self.system, self.k, self.fail_at, self.runs = name, "fake", 0, fail_at, 0
+
+        def warm_up(self, prompt_index):
+            pass
+
+        def run(self, prompt_index):
+            if self.runs == self.fail_at:
+                raise VLLMUnavailable("worker gave no RESULT within 600s")
+            self.runs += 1
+            return PromptRun([1, 2, 3], 1.0)
+
+    steady, flaky = Fake("steady"), Fake("flaky", fail_at=3)
+    dropped = {}
+    results = run_rounds([steady, flaky], num_prompts=2, repeats=3, dropped=dropped)
+    assert issubclass(VLLMUnavailable, ContenderUnavailable)
+    assert set(results) == {"steady"} and results["steady"]["tokens_per_second_all"] == [3.0, 3.0, 3.0]
+    assert flaky.runs == 3 and "round 2" in dropped["flaky"] and "no RESULT" in dropped["flaky"]
+
+
 def test_vllm_without_interpreter_is_skipped_with_reason(monkeypatch):
     monkeypatch.delenv("ANYDRAFT_VLLM_PYTHON", raising=False)
     python, reason = find_vllm_python(None)
