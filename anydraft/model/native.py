@@ -61,8 +61,15 @@ def load_extension():
         print(f"anydraft: compiling the native kernels for this CPU (first use, about a minute) into {build_dir}",
               file=sys.stderr, flush=True)
     flags = ["-O3", "-march=native", "-fopenmp"]
-    return load(name="anydraft_native", sources=[str(path) for path in SOURCES], build_directory=str(build_dir),
-                extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    import fcntl   # POSIX only, like the kernels themselves
+    with open(build_dir / "anydraft.lock", "w") as guard:
+        # torch's own lock file stays behind when a build is killed (Ctrl-C in the first minute), and every later
+        # load would then wait on it forever. Ours is a flock, which the OS releases when its holder dies: while
+        # we hold it no other anydraft process is building here, so a torch lock file found now is stale.
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        return load(name="anydraft_native", sources=[str(path) for path in SOURCES], build_directory=str(build_dir),
+                    extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def why_not_native(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> str | None:

@@ -2,13 +2,16 @@
 batch shapes, and so greedy speculative decoding with it equals the target alone token for token in bf16."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from anydraft.config import SamplingParams
 from anydraft.model.config import ModelConfig
 from anydraft.model.loader import load_model, resolve_model_path
-from anydraft.model.native import why_not_native
+from anydraft.model.native import _build_dir, why_not_native
 from anydraft.model.runner import ModelRunner
 
 from tiny_models import TOKENIZERS, gsm8k_questions, make_checkpoint
@@ -45,6 +48,21 @@ def test_why_not_native_names_the_reason(monkeypatch):
     assert "bfloat16 on CPU" in why_not_native(ELIGIBLE, CPU, torch.float32)
     monkeypatch.setenv("ANYDRAFT_NATIVE", "0")
     assert "ANYDRAFT_NATIVE=0" in why_not_native(ELIGIBLE, CPU, torch.bfloat16)
+
+
+@needs_native
+def test_a_killed_build_does_not_block_later_loads():
+    """torch's lock file stays behind when a build is killed (Ctrl-C during the first minute); a later load
+    must clear it rather than wait on it forever."""
+    stale = _build_dir() / "lock"
+    stale.touch()
+    try:
+        done = subprocess.run([sys.executable, "-c", "from anydraft.model.native import load_extension; "
+                               "load_extension()"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
 
 
 @needs_native
