@@ -119,6 +119,7 @@ class DraftModelProposer:
             state = self.states[row]
             num_before = len(state.draft_ids)
             # After propose the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host.
+            # After add_request (the first token, accepted 0) it holds nothing yet: the prefill comes at propose.
             fed_accepted = [self.vocab.sync.draft_id_of(t) for t in target_ids[:min(accepted, k - 1)]]
             num_dropped = self.vocab.sync.extend(state, target_ids)
             keep = num_before - num_dropped
