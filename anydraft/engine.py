@@ -113,10 +113,10 @@ class Engine:
             return self.target.greedy_ids(last_hidden)[:, 0].tolist()
         target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
                                        sampling.top_p)                                      # [A, 1, V_target]
-        # Greedy rows have one-hot probs (logits_to_probs), so noise 1 leaves them their argmax.
-        noise = torch.stack([torch.ones(1, target_probs.shape[-1]) if r.params.greedy
-                             else r.random.exponential(1, target_probs.shape[-1]) for r in requests])
-        return sample_from_probs(target_probs, noise.to(target_probs)).flatten().tolist()
+        # Greedy rows (one-hot probs) get noise 1 from draw_noise and keep their argmax, drawing nothing.
+        _, noise = draw_noise([None if r.params.greedy else r.random for r in requests], 0, target_probs.shape[-1],
+                              "cpu")                                                        # [A, V_target]
+        return sample_from_probs(target_probs, noise[:, None].to(target_probs)).flatten().tolist()
 
     def _release(self, request: Request) -> None:
         row = request.row

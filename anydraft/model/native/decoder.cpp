@@ -17,9 +17,9 @@
 #include <cstring>
 #include <vector>
 
-namespace {
-
 using namespace anydraft_native;
+
+namespace {
 
 inline float sum_lanes(const float* x, int64_t n) {  // fixed order: 16 lanes, then the lane tree
   __m512 acc = _mm512_setzero_ps();
@@ -116,8 +116,6 @@ void attend(const float* q, const float* k, const float* v, int64_t Hq, int64_t 
 }
 
 }  // namespace
-
-using namespace anydraft_native;
 
 // input_ids [B, S] -> last hidden states after the final norm, [B, S, H] bf16.
 // layers: per layer 8 tensors: input_norm [H], qkv_weight [(Hq+2Hkv)*D, H], qkv_bias or empty,
