@@ -8,10 +8,11 @@ import torch
 
 from .config import SamplingParams
 from .metrics import SpecStats
-from .model.runner import ModelRunner, host_to_device
-from .spec.proposer import Proposal, Proposer, SamplingBatch
-from .spec.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
-from .spec.verify import VerifyOutput, verify_greedy, verify_sampling
+from .model.runner import ModelRunner
+from .tensors import host_to_device
+from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
+from .spec_decode.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
+from .spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
 from .tokenizer import Tokenizer
 
 

@@ -27,7 +27,7 @@ import torch
 from anydraft.config import SamplingParams
 from anydraft.eval import gsm8k
 from anydraft.llm import LLM
-from anydraft.spec.draft_vocab import ResyncContextSync, SharedState
+from anydraft.spec_decode.draft_vocab import ResyncContextSync, SharedState
 from anydraft.tokenizer import Tokenizer
 
 

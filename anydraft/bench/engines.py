@@ -11,8 +11,8 @@ from ..engine import Engine
 from ..metrics import SpecStats
 from ..model.loader import load_model, resolve_model_path
 from ..model.runner import ModelRunner
-from ..spec.factory import build_proposer
-from ..spec.proposer import NoDraftProposer
+from ..spec_decode.factory import build_proposer
+from ..spec_decode.proposer import NoDraftProposer
 from ..tokenizer import Tokenizer
 from .inflate import InflateSpec, inflate_model, parameter_count
 

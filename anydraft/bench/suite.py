@@ -240,7 +240,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         "date": datetime.date.today().isoformat(),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch_threads": cfg.threads,
                     "torch": torch.__version__, "python": platform.python_version(),
-                    # "native" or why not (model/native.py): which kernels anydraft's rows ran on
+                    # "native" or why not (model/native_extension.py): which kernels anydraft's rows ran on
                     "anydraft_kernels": {"target": target.runner.native_unavailable or "native",
                                          **{name: runner.native_unavailable or "native"
                                             for name, runner in draft_runners.items() if runner is not None}}},

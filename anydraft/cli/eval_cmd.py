@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine import Engine
     from ..eval import gsm8k
     from ..llm import LLM
-    from ..spec.proposer import NoDraftProposer
+    from ..spec_decode.proposer import NoDraftProposer
 
     if args.num_questions < 1:
         raise ValueError("--num-questions must be >= 1")

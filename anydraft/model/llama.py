@@ -190,7 +190,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         # A plain attribute, not a buffer: module.to(bfloat16) must not round the frequencies.
         self._inv_freq = rope_inv_freq(cfg)
-        # Set by the runner when the native body can run this model (model/native.py); it then runs the
+        # Set by the runner when the native body can run this model (model/native_extension.py); it then runs the
         # runner's cached forwards, and this module's forward stays the PyTorch path (training, references).
         self.native = None
 

@@ -1,4 +1,4 @@
-"""The output head on the native kernels (native/greedy_head.cpp): bf16 logits computed the same way for every
+"""The output head on the native kernels (csrc/greedy_head.cpp): bf16 logits computed the same way for every
 row, and their exact greedy argmax screened by an int8 copy of the head.
 
 Greedy decoding needs only the argmax, and on CPU the head is a memory-bound read of every row (qwen3: 58 MB).

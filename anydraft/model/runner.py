@@ -3,19 +3,13 @@ from __future__ import annotations
 
 import torch
 
-from ..spec.sampling import greedy_argmax
+from ..tensors import greedy_argmax
 from .kv_cache import KVCache
 from .llama import CausalLM
 from .loader import load_model
-from .native import NativeDecoder, cpu_has, load_extension, why_not_native
+from .native_extension import NativeDecoder, cpu_has, load_extension, why_not_native
 from .native_head import SCREEN_WIDTH, NativeHead
 from .packed_linear import can_pack, pack_linear, pack_linears
-
-
-def host_to_device(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A tensor of host values on `device` without waiting for the device (torch.tensor(..., device=cuda)
-    synchronizes the stream; the step allows one host sync, in Engine._fetch_to_host)."""
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 class ModelRunner:

@@ -8,8 +8,8 @@ import torch
 from anydraft.config import SamplingParams
 from anydraft.engine import Engine
 from anydraft.model.runner import ModelRunner
-from anydraft.spec.draft_proposer import DraftModelProposer
-from anydraft.spec.draft_vocab import DraftVocab, SharedVocabSync
+from anydraft.spec_decode.draft_proposer import DraftModelProposer
+from anydraft.spec_decode.draft_vocab import DraftVocab, SharedVocabSync
 
 from tiny_models import reference_greedy, tokenizer_of
 

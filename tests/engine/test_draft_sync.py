@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from anydraft.config import SamplingParams
-from anydraft.spec.draft_vocab import ResyncContextSync
+from anydraft.spec_decode.draft_vocab import ResyncContextSync
 
 CASES = [
     ("identity_partial", "smollm2_target", "smollm2_noisy_draft", 3),

@@ -1,4 +1,4 @@
-"""The native decoder body (model/native.py): as close to float64 as the PyTorch bf16 path, bit-identical across
+"""The native decoder body (model/native_extension.py): as close to float64 as the PyTorch bf16 path, bit-identical across
 batch shapes, and so greedy speculative decoding with it equals the target alone token for token in bf16."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from anydraft.config import SamplingParams
 from anydraft.model.config import ModelConfig
 from anydraft.model.loader import load_model, resolve_model_path
-from anydraft.model.native import _build_dir, why_not_native
+from anydraft.model.native_extension import _build_dir, why_not_native
 from anydraft.model.runner import ModelRunner
 
 from tiny_models import TOKENIZERS, gsm8k_questions, make_checkpoint
@@ -57,7 +57,7 @@ def test_a_killed_build_does_not_block_later_loads():
     stale = _build_dir() / "lock"
     stale.touch()
     try:
-        done = subprocess.run([sys.executable, "-c", "from anydraft.model.native import load_extension; "
+        done = subprocess.run([sys.executable, "-c", "from anydraft.model.native_extension import load_extension; "
                                "load_extension()"], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         assert not stale.exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anydraft.model.native import cpu_has, load_extension
+from anydraft.model.native_extension import cpu_has, load_extension
 from anydraft.model.native_head import NativeHead
 
 from test_native_decoder import REASON

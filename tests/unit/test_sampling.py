@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from anydraft.spec.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
+from anydraft.spec_decode.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
 
 P_VALUE_MIN = 1e-3
 
@@ -175,7 +175,7 @@ def test_sampling_pipeline_matches_softmax(temperature: float):
 def test_greedy_argmax_equals_torch_argmax_including_ties(vocab, dtype):
     """The two-pass argmax (chunk maxima, then inside the winning chunk) returns torch.argmax's index:
     the first of equal maxima, also when they sit in different chunks or in the short last chunk."""
-    from anydraft.spec.sampling import greedy_argmax
+    from anydraft.tensors import greedy_argmax
     g = torch.Generator().manual_seed(vocab)
     logits = torch.randn(3, 5, vocab, generator=g).to(dtype)
     # Coarse values make many exact ties (bf16 rounds them further).

@@ -6,8 +6,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from anydraft.spec.sampling import draw_noise, greedy_argmax, sample_from_probs
-from anydraft.spec.verify import VerifyOutput, verify_greedy, verify_sampling
+from anydraft.spec_decode.sampling import draw_noise, sample_from_probs
+from anydraft.tensors import greedy_argmax
+from anydraft.spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
 
 P_VALUE_MIN = 1e-3
 VOCAB_SIZE = 12

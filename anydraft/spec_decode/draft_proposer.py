@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import torch
 
-from ..model.runner import ModelRunner, host_to_device
+from ..model.runner import ModelRunner
+from ..tensors import host_to_device
 from .draft_vocab import DraftVocab
 from .proposer import Proposal, SamplingBatch
 from .sampling import logits_to_probs, sample_from_probs

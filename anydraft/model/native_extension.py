@@ -1,4 +1,4 @@
-"""The native kernels (native/*.cpp): when a model can use them, building them once, the decoder body's call.
+"""The native kernels (csrc/*.cpp): when a model can use them, building them once, the decoder body's call.
 
 On a CPU with AVX-512 in bf16, a Llama-family body runs as one C++ call instead of ~50 PyTorch calls per
 layer, and every row is computed the same way whatever the batch shape, so greedy speculative decoding is
@@ -20,7 +20,7 @@ import torch
 from .config import ModelConfig
 from .packed_linear import SMALL_WEIGHT_ELEMENTS
 
-SOURCES = [Path(__file__).with_name("native") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp")]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
 
 
@@ -44,7 +44,7 @@ def _cpuinfo(field: str) -> str:
 def _build_dir() -> Path:
     """Keyed by what changes the binary: source, torch version, CPU (-march=native)."""
     cpu = _cpuinfo("model name") or platform.processor()
-    # every file of native/ (headers too: torch's loader would not notice a changed header)
+    # every file of csrc/ (headers too: torch's loader would not notice a changed header)
     source = b"".join(path.read_bytes() for path in sorted(SOURCES[0].parent.iterdir()) if path.suffix in (".cpp", ".h"))
     key = hashlib.sha256(source + torch.__version__.encode() + cpu.encode()).hexdigest()[:16]
     configured = os.environ.get("ANYDRAFT_NATIVE_DIR")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from anydraft.spec.sampling import sample_from_probs
+from anydraft.spec_decode.sampling import sample_from_probs
 
 
 @dataclass
