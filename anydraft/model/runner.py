@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tensors import greedy_argmax
+from ..tensors import greedy_argmax, host_to_device
 from .kv_cache import KVCache
 from .llama import CausalLM
 from .loader import load_model
