@@ -27,6 +27,7 @@ class Request:
     output_target_ids: list[int] = field(default_factory=list)
     text: str = ""              # the completion, decoded (and cut at a stop string) once it finishes
     finish_reason: str | None = None
+    stop_reason: str | int | None = None   # the stop string or EOS id that finished it
     row: int | None = None
     started: float = 0.0
 
@@ -54,9 +55,18 @@ class Engine:
         self._next_id = 0
 
     # -- requests -------------------------------------------------------------------------------------------
-    def add_request(self, prompt: str, params: SamplingParams) -> Request:
-        prompt_target_ids = self.tokenizer.encode(prompt)
-        if not prompt or not prompt_target_ids:
+    def add_request(self, prompt: str | None, params: SamplingParams,
+                    prompt_target_ids: list[int] | None = None) -> Request:
+        """A prompt as text, or as target token ids (then its text, which the draft reads, is their decoding)."""
+        if prompt_target_ids is None:
+            prompt_target_ids = self.tokenizer.encode(prompt or "")
+        else:
+            bad = [i for i in prompt_target_ids if not 0 <= i < self.tokenizer.vocab_size]
+            if bad:
+                raise ValueError(f"prompt_token_ids has ids outside the target vocabulary "
+                                 f"[0, {self.tokenizer.vocab_size}): {bad[:5]}")
+            prompt = self.tokenizer.decode(prompt_target_ids)
+        if not prompt_target_ids:
             raise ValueError("prompt is empty; give at least one token of text")
         if len(prompt_target_ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(prompt_target_ids)} tokens, too long for max_model_len "
@@ -114,9 +124,7 @@ class Engine:
             return self.target.greedy_ids(last_hidden)[:, 0].tolist()
         target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
                                        sampling.top_p)                                      # [A, 1, V_target]
-        # Greedy rows (one-hot probs) get noise 1 from draw_noise and keep their argmax, drawing nothing.
-        _, noise = draw_noise([None if r.params.greedy else r.random for r in requests], 0, target_probs.shape[-1],
-                              "cpu")                                                        # [A, V_target]
+        _, noise = draw_noise(sampling.randoms, 0, target_probs.shape[-1], "cpu")              # [A, V_target]
         return sample_from_probs(target_probs, noise[:, None].to(target_probs)).flatten().tolist()
 
     def _release(self, request: Request) -> None:
@@ -196,7 +204,7 @@ class Engine:
             temperature=host_to_device([p.temperature for p in params], dev),
             top_k=host_to_device([max(p.top_k, 0) for p in params], dev, torch.long) if use_top_k else None,
             top_p=host_to_device([p.top_p for p in params], dev) if use_top_p else None,
-            randoms=[r.random for r in requests])
+            randoms=[None if r.params.greedy else r.random for r in requests])   # greedy rows draw no noise
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _record(self, rows, num_accepted, new_target_ids) -> list[Request]:
@@ -221,7 +229,7 @@ class Engine:
         self.stats.num_emitted += 1
         params = request.params
         if target_id in self.eos_ids and not params.ignore_eos:
-            request.finish_reason = "stop"
+            request.finish_reason, request.stop_reason = "stop", target_id
         elif (len(request.output_target_ids) >= params.max_tokens
               or len(request.prompt_target_ids) + len(request.output_target_ids) >= self.max_model_len):
             request.finish_reason = "length"
@@ -233,7 +241,7 @@ class Engine:
                 cut = request.text.find(stop)
                 if cut >= 0:
                     request.text = request.text[:cut]
-                    request.finish_reason = "stop"
+                    request.finish_reason, request.stop_reason = "stop", stop
 
     def _tail_has_stop(self, request: Request) -> bool:
         """Whether a stop string has appeared, decoding only the last few tokens (a stop string of L chars

@@ -1,25 +1,30 @@
 """The public Python API, shaped like vLLM's: LLM(model, speculative_config) and generate(prompts, params)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .config import EngineConfig, SamplingParams, SpeculativeConfig, parse_dtype, resolve_device
 from .engine import Engine
 from .metrics import SpecStats
 from .model.loader import DEFAULT_TARGET, resolve_model_path
 from .model.runner import ModelRunner
+from .outputs import CompletionOutput, RequestOutput
 from .spec_decode.factory import build_proposer
 from .spec_decode.proposer import NoDraftProposer
 from .tokenizer import Tokenizer
 
 
-@dataclass
-class RequestOutput:
-    prompt: str
-    text: str
-    token_ids: list[int]          # target ids of the completion
-    finish_reason: str
-    metrics: dict
+Prompt = str | dict
+
+
+def _prompt_token_ids(prompt: dict) -> list[int]:
+    """vLLM's token prompt: {"prompt_token_ids": [...]}; anything else in the dict is refused by name."""
+    unknown = set(prompt) - {"prompt_token_ids"}
+    if unknown or "prompt_token_ids" not in prompt:
+        raise ValueError(f"a dict prompt takes exactly one key, 'prompt_token_ids' (a list of target token ids); "
+                         f"got keys {sorted(prompt)}")
+    ids = prompt["prompt_token_ids"]
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError("prompt_token_ids must be a list of integer target token ids")
+    return list(ids)
 
 
 class LLM:
@@ -49,10 +54,11 @@ class LLM:
                                                             max_num_seqs, max_model_len)
         self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len)
 
-    def generate(self, prompts: str | list[str], sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  progress=None) -> list[RequestOutput]:
-        """All prompts join the running batch (up to max_num_seqs at once); outputs come back in prompt order."""
-        if isinstance(prompts, str):
+        """All prompts join the running batch (up to max_num_seqs at once); outputs come back in prompt order.
+        A prompt is text or, as in vLLM, {"prompt_token_ids": [target ids]}."""
+        if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -62,18 +68,29 @@ class LLM:
         requests = []
         try:
             for prompt, request_params in zip(prompts, params):
-                requests.append(self.engine.add_request(prompt, request_params))
+                if isinstance(prompt, dict):
+                    requests.append(self.engine.add_request(None, request_params, _prompt_token_ids(prompt)))
+                else:
+                    requests.append(self.engine.add_request(prompt, request_params))
         except Exception:
             for request in requests:  # a refused prompt refuses the call: queue none of its prompts
                 self.engine.abort(request)
             raise
         self.engine.run(progress)
-        outputs = []
-        for request in requests:
-            metrics = request.stats.to_dict()
-            metrics.update({"vocab_mode": self.draft_info.get("vocab_mode")})
-            outputs.append(RequestOutput(request.prompt, request.text, request.output_target_ids, request.finish_reason, metrics))
-        return outputs
+        return [self._request_output(request) for request in requests]
+
+    def _request_output(self, request) -> RequestOutput:
+        metrics = {**request.stats.to_dict(), "vocab_mode": self.draft_info.get("vocab_mode")}
+        completion = CompletionOutput(0, request.text, list(request.output_target_ids), request.finish_reason,
+                                      request.stop_reason)
+        return RequestOutput(str(request.request_id), request.prompt, list(request.prompt_target_ids), [completion],
+                             finished=request.finished, metrics=metrics)
+
+    @property
+    def kernels(self) -> dict:
+        """Which kernels the target (and the draft) run on, as ModelRunner.kernels reports them."""
+        runners = {"target": self.target, "draft": getattr(self.proposer, "runner", None)}
+        return {name: runner.kernels for name, runner in runners.items() if runner is not None}
 
     @property
     def stats(self) -> SpecStats:

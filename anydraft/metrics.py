@@ -11,6 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def acceptance_length(num_accepted: int, verify_forwards: int) -> float:
+    """AL, the one definition: tokens appended per verification forward = (accepted draft tokens + the one
+    recovered-or-bonus token of each forward) / forwards. A request's prompt forward verifies nothing and is not
+    counted. 0.0 when nothing was verified."""
+    return (num_accepted + verify_forwards) / verify_forwards if verify_forwards else 0.0
+
+
 @dataclass
 class SpecStats:
     num_speculative_tokens: int = 0
@@ -50,7 +57,7 @@ class SpecStats:
 
     @property
     def acceptance_length(self) -> float:
-        return (self.num_accepted + self.target_forwards) / self.target_forwards if self.target_forwards else 0.0
+        return acceptance_length(self.num_accepted, self.target_forwards)
 
     @property
     def acceptance_rate(self) -> float:

@@ -215,3 +215,12 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=_token_content(self._config.get("bos_token")) or "",
             eos_token=_token_content(self._config.get("eos_token")) or "", **template_vars)
+
+
+def same_vocabulary(a: Tokenizer, b: Tokenizer) -> bool:
+    """Same tokens with the same ids, whatever the row counts (Qwen2.5-7B has 152064 rows, Qwen2.5-0.5B 151936):
+    a draft can then read and write target ids directly (identity), padding rows being masked anyway."""
+    if a.content_hash == b.content_hash:
+        return True
+    return (a.token_table.token_bytes == b.token_table.token_bytes and a.token_table.token_kinds == b.token_table.token_kinds
+            and a.special_ids == b.special_ids)

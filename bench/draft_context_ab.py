@@ -57,7 +57,7 @@ def decode_all(llm: LLM, prompts: list[str], params: SamplingParams) -> dict:
     for prompt in prompts:
         [out] = llm.generate([prompt], params)
         steps.append([out.metrics["target_forwards"], out.metrics["num_accepted"]])
-        outputs.append(out.token_ids)
+        outputs.append(out.outputs[0].token_ids)
     forwards, accepted = sum(f for f, _ in steps), sum(a for _, a in steps)
     return {"acceptance_length": (forwards + accepted) / forwards, "target_forwards": forwards,
             "num_accepted": accepted, "per_prompt_steps": steps, "_outputs": outputs}
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help="JSON file to write")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    examples = gsm8k.load_split(gsm8k.default_data_dir() / "test.jsonl")[:args.num_prompts]
+    examples = gsm8k.load_split(gsm8k.data_dir(None) / "test.jsonl")[:args.num_prompts]
     prompts = [gsm8k.build_prompt(ex["question"], []) for ex in examples]   # as anydraft bench does
     llm = LLM(model=args.target, speculative_config={"model": args.draft, "num_speculative_tokens":
                                                      args.num_speculative_tokens}, dtype=args.dtype, max_num_seqs=1)

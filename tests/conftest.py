@@ -1,4 +1,11 @@
-"""Shared fixtures: the ../shared directory (real tokenizers, GSM8K) and tokenizers parsed once per session."""
+"""Shared fixtures: the ../shared directory (real tokenizers, GSM8K) and tokenizers parsed once per session.
+
+Two rules hold for the whole suite:
+- Missing test data is an error, not a skip: without ../shared the run stops at once and names what is missing.
+- A test may skip only for a documented hardware condition, its reason starting with "hardware:" (no AVX-512,
+  no AVX512-VNNI, CUDA present or absent). Any other skip fails the run (see pytest_sessionfinish), so a
+  green run never hides tests that did not run.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,12 +15,39 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DIR = REPO_ROOT.parent / "shared"
 TOKENIZER_NAMES = ("qwen3", "smollm2", "llama2", "mistral_v0.1", "gpt2")
+REQUIRED_DATA = [*(Path("tokenizers") / name / "tokenizer.json" for name in TOKENIZER_NAMES),
+                 Path("data/gsm8k/train.jsonl"), Path("data/gsm8k/test.jsonl")]
+HARDWARE_SKIP_PREFIX = "hardware:"
+
+
+def pytest_configure(config):
+    missing = [str(SHARED_DIR / p) for p in REQUIRED_DATA if not (SHARED_DIR / p).is_file()]
+    if missing:
+        raise pytest.UsageError(
+            f"test data missing: {', '.join(missing)}. The tests need the project's shared data (tokenizers/ and "
+            f"data/gsm8k/) in {SHARED_DIR}, beside this checkout.")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter else []
+    bad = [report for report in skipped if not _skip_reason(report).startswith(HARDWARE_SKIP_PREFIX)]
+    if bad:
+        for report in bad:
+            reporter.write_line(f"NOT ALLOWED: {report.nodeid} skipped: {_skip_reason(report)}", red=True)
+        reporter.write_line(f"{len(bad)} test(s) skipped for a reason other than '{HARDWARE_SKIP_PREFIX} ...'; "
+                            f"a test must run or fail (tests/conftest.py)", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _skip_reason(report) -> str:
+    """The reason of a skipped report: longrepr is (file, line, 'Skipped: reason') for skips."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    if not (SHARED_DIR / "tokenizers").is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DIR}")
     return SHARED_DIR
 
 

@@ -13,6 +13,7 @@ from typing import Callable, Protocol
 
 from ..config import SamplingParams
 from ..engine import Engine
+from .. import metrics
 from ..metrics import SpecStats
 
 
@@ -73,13 +74,16 @@ class EngineContender:
 
 
 def acceptance_length(num_tokens: int, target_forwards: int | None, num_accepted: int | None) -> float | None:
-    """AL as metrics.py defines it, (accepted + forwards) / forwards, for a system that counts accepted draft
-    tokens; tokens per target forward for one that counts only forwards (HF). None without forwards."""
+    """AL by metrics.acceptance_length for a system that counts accepted draft tokens. One that counts only
+    verification forwards (HF assisted generation) emits accepted + 1 tokens per forward, so its accepted
+    count is tokens - forwards. HF has no separate prompt forward: its first target forward reads the prompt
+    and verifies the first drafts at once, so every forward it counts is a verification forward, as ours are.
+    None without forwards."""
     if not target_forwards:
         return None
     if num_accepted is None:
-        return num_tokens / target_forwards
-    return (num_accepted + target_forwards) / target_forwards
+        num_accepted = num_tokens - target_forwards
+    return metrics.acceptance_length(num_accepted, target_forwards)
 
 
 @dataclass

@@ -6,12 +6,15 @@ its UAG path for greedy (re-tokenizing text) and to its TLI path for do_sample. 
 drafting settings from the *assistant's* generation_config (generate() kwargs do not reach it), so k is
 pinned there: num_assistant_tokens=k, a constant schedule, no confidence early-stop. `pin_k=False` keeps
 transformers' defaults (20 tokens, stopping early below 0.4 draft confidence) to show HF at its own best.
-AL = new tokens / target forwards (a forward hook counts the target's calls; each assisted step is one).
+AL = new tokens / target forwards (a forward hook counts the target's calls; each assisted step is one, and
+HF has no separate prompt forward, so each is a verification forward: the same AL as ours and vLLM's).
 Prompts come as target ids (anydraft's tokenization), so every contender decodes the same input tokens.
 """
 from __future__ import annotations
 
 import time
+
+from ..tokenizer import Tokenizer, same_vocabulary
 
 
 def _load(path: str, dtype: str):
@@ -23,17 +26,15 @@ def _load(path: str, dtype: str):
     return model, tokenizer
 
 
-def _same_vocab(tokenizer_a, tokenizer_b) -> bool:
-    return tokenizer_a.get_vocab() == tokenizer_b.get_vocab()
-
-
 class HFPeer:
     """One target (and optionally one draft) loaded with AutoModelForCausalLM."""
 
     def __init__(self, target_path: str, draft_path: str | None, dtype: str = "bfloat16"):
         self.target, self.target_tokenizer = _load(target_path, dtype)
         self.draft, self.draft_tokenizer = (None, None) if draft_path is None else _load(draft_path, dtype)
-        self.same_vocab = self.draft is not None and _same_vocab(self.target_tokenizer, self.draft_tokenizer)
+        # anydraft's own rule (tokenizer.same_vocabulary): HF then gets the same-vocab path exactly when we do
+        self.same_vocab = draft_path is not None and same_vocabulary(Tokenizer.from_dir(target_path),
+                                                                     Tokenizer.from_dir(draft_path))
         self.target_forwards = 0
         self.target.register_forward_pre_hook(self._count)
 

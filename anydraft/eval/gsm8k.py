@@ -18,9 +18,20 @@ STOP_STRINGS = ["\nQuestion:", "\n\nQuestion"]
 _NUMBER = re.compile(r"-?[\d,]*\.?\d+")
 
 
-def default_data_dir() -> Path:
-    """../shared/data/gsm8k beside the repo checkout (override with --data)."""
-    return Path(__file__).resolve().parents[3] / "shared" / "data" / "gsm8k"
+DEFAULT_DATA_DIR = Path("../shared/data/gsm8k")   # relative to where the command runs (a checkout's root)
+
+
+def data_dir(given: str | Path | None) -> Path:
+    """The GSM8K directory: the one given (--data), else ../shared/data/gsm8k when it exists."""
+    if given is not None:
+        path = Path(given)
+        if not path.is_dir():
+            raise FileNotFoundError(f"--data {path}: not a directory; give one holding GSM8K train.jsonl / test.jsonl")
+        return path
+    if DEFAULT_DATA_DIR.is_dir():
+        return DEFAULT_DATA_DIR
+    raise FileNotFoundError(f"no GSM8K data at {DEFAULT_DATA_DIR} (relative to {Path.cwd()}); pass --data DIR "
+                            f"holding GSM8K train.jsonl and test.jsonl")
 
 
 def load_split(path: Path) -> list[dict]:

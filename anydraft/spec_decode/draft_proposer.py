@@ -9,7 +9,7 @@ from ..model.runner import ModelRunner
 from ..tensors import host_to_device
 from .draft_vocab import DraftVocab
 from .proposer import Proposal, SamplingBatch
-from .sampling import logits_to_probs, sample_from_probs
+from .sampling import draw_exponentials, logits_to_probs, sample_from_probs
 
 FULL_ROW_PROPOSAL = 0  # target id proposed by a row whose draft cache is full (any id would do: it is verified)
 
@@ -103,9 +103,8 @@ class DraftModelProposer:
             else:
                 logits = runner.logits(hidden)                                            # [B, 1, N_head]
                 probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-                noise = torch.stack([r.exponential(1, probs.shape[-1]) for r in sampling.randoms])
-                noise = noise.to(probs.device, non_blocking=True).to(probs.dtype)
-                chosen = sample_from_probs(probs, noise)
+                noise = draw_exponentials(sampling.randoms, 1, probs.shape[-1], probs.device)   # [B, 1, N_head]
+                chosen = sample_from_probs(probs, noise.to(probs.dtype))
                 head_probs.append(probs)
             head_rows.append(chosen)
             if i < k - 1:

@@ -6,7 +6,7 @@ import torch
 from ..config import SpeculativeConfig, parse_dtype, resolve_device
 from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
-from ..tokenizer import Tokenizer
+from ..tokenizer import Tokenizer, same_vocabulary
 from ..vocab.cache import default_cache_dir, load_or_build_bridge
 from ..vocab.d2t import validate_d2t
 from ..vocab.frequency import load_or_count, most_frequent, specials_among
@@ -21,16 +21,6 @@ def _draft_tokenizer(path, target_tokenizer: Tokenizer, vocab_mode: str) -> Toke
     if vocab_mode in ("d2t", "identity", "auto"):
         return target_tokenizer  # EAGLE-style draft heads ship no tokenizer: they share the target's
     raise ValueError(f"{path}: no tokenizer.json, which vocab_mode 'tli' needs")
-
-
-def _same_vocabulary(target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer) -> bool:
-    """Same tokens with the same ids, whatever the row counts (Qwen2.5-7B has 152064 rows, Qwen2.5-0.5B 151936):
-    the draft can then read and write target ids directly (identity), padding rows being masked anyway."""
-    if target_tokenizer.content_hash == draft_tokenizer.content_hash:
-        return True
-    target_table, draft_table = target_tokenizer.token_table, draft_tokenizer.token_table
-    return (target_table.token_bytes == draft_table.token_bytes and target_table.token_kinds == draft_table.token_kinds
-            and target_tokenizer.special_ids == draft_tokenizer.special_ids)
 
 
 def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candidate_target_ids: torch.Tensor,
@@ -61,16 +51,16 @@ def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenize
         raise ValueError(f"draft loaded on {runner.device}/{runner.dtype} but {device}/{dtype} was asked")
     has_d2t = "d2t" in runner.extras
     bridge = load_or_build_bridge(target_tokenizer, draft_tokenizer, target.vocab_rows, runner.vocab_rows)
-    same_vocabulary = bridge.is_identity or _same_vocabulary(target_tokenizer, draft_tokenizer)
+    shared_vocabulary = bridge.is_identity or same_vocabulary(target_tokenizer, draft_tokenizer)
     mode = spec.vocab_mode
     if mode == "auto":
-        mode = "d2t" if has_d2t else ("identity" if same_vocabulary else "tli")
-    elif mode == "tli" and same_vocabulary:
+        mode = "d2t" if has_d2t else ("identity" if shared_vocabulary else "tli")
+    elif mode == "tli" and shared_vocabulary:
         mode = "identity"  # TLI over identical vocabularies is the identity map: skip the tables
     flops_before = runner.cost_flops_per_token()
     info = {"vocab_mode": mode, "draft_path": str(path)}
     if mode == "identity":
-        if not same_vocabulary:
+        if not shared_vocabulary:
             raise ValueError("vocab_mode 'identity' needs the same tokenizer for draft and target, but they differ "
                              f"(intersection {bridge.stats.intersection} tokens); use vocab_mode 'tli' or 'auto'")
         rows = torch.arange(min(runner.num_token_rows, target.num_token_rows))
@@ -86,7 +76,7 @@ def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenize
                              f"unset")
         if not has_d2t:
             raise ValueError(f"vocab_mode 'd2t' needs d2t/t2d tables in {path} (model.safetensors or d2t.safetensors)")
-        if not same_vocabulary:
+        if not shared_vocabulary:
             raise ValueError("vocab_mode 'd2t' needs the draft to share the target's tokenizer; they differ")
         d2t, t2d = runner.extras["d2t"].long(), runner.extras["t2d"].bool()
         validate_d2t(d2t, t2d, target.vocab_rows, source=str(path))

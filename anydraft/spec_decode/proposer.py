@@ -13,7 +13,7 @@ class SamplingBatch:
     temperature: torch.Tensor   # [B]
     top_k: torch.Tensor | None  # [B] long, 0 = off; None = no row truncates (skips the vocabulary sort)
     top_p: torch.Tensor | None  # [B]; None = no row truncates
-    randoms: list               # [B] RowRandom, one seeded stream per request
+    randoms: list               # [B] RowRandom, one seeded stream per request; None for a greedy row
 
 
 @dataclass

@@ -117,23 +117,30 @@ class RowRandom:
         return torch.empty(n, vocab_size, device=self.device).exponential_(generator=self.generator)
 
 
+def draw_exponentials(row_randoms: Sequence[RowRandom | None], num: int, vocab_size: int,
+                      device: torch.device | str) -> torch.Tensor:   # [B, num, vocab_size]
+    """The one greedy-vs-sampling noise rule: row i draws `num` Exp(1) vectors from row_randoms[i]; a None entry
+    is a greedy row (one-hot probs), which draws nothing and gets ones, so `sample_from_probs` returns its
+    argmax. Greedy rows of a mixed batch thus spend no draw over the vocabulary."""
+    exponentials = torch.ones(len(row_randoms), num, vocab_size)
+    for row, row_random in enumerate(row_randoms):
+        if row_random is not None:
+            exponentials[row] = row_random.exponential(num, vocab_size)
+    return exponentials.to(device, non_blocking=True)
+
+
 def draw_noise(row_randoms: Sequence[RowRandom | None], k: int, vocab_size: int,
                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """Noise for one verification step: (uniforms # [B, k], exponentials # [B, vocab_size]).
 
     One Exp(1) vector per row, not one per position: a row draws a single token per step (recovered or
     bonus), and over a 150k vocabulary these draws are the costliest part of a sampling step on CPU.
-    Row i's noise comes only from row_randoms[i]'s generator (see RowRandom). A None entry is for a
-    greedy row (one-hot target probs): it gets uniforms 0 and exponentials 1, which make
-    `verify_sampling` accept exactly when the draft token is the target argmax and emit the argmax
-    otherwise, without spending a draw over the vocabulary.
+    Row i's noise comes only from row_randoms[i]'s generator (see RowRandom). A None entry is a greedy row
+    (`draw_exponentials`' rule): uniforms 0 and exponentials 1 make `verify_sampling` accept exactly when the
+    draft token is the target argmax and emit the argmax otherwise.
     """
-    batch = len(row_randoms)
-    uniforms = torch.zeros(batch, k, device=device)
-    exponentials = torch.ones(batch, vocab_size, device=device)
+    uniforms = torch.zeros(len(row_randoms), k)
     for row, row_random in enumerate(row_randoms):
-        if row_random is None:
-            continue
-        uniforms[row] = row_random.uniform(k)
-        exponentials[row] = row_random.exponential(1, vocab_size)[0]
-    return uniforms, exponentials
+        if row_random is not None:
+            uniforms[row] = row_random.uniform(k)
+    return uniforms.to(device, non_blocking=True), draw_exponentials(row_randoms, 1, vocab_size, device)[:, 0]

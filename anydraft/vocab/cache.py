@@ -9,13 +9,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from ..atomic_file import save_safetensors_atomically
 
 from anydraft.vocab.bridge import BridgeStats, VocabBridge
 
@@ -51,15 +50,7 @@ def save_bridge(path: Path, bridge: VocabBridge, key: str) -> None:
     metadata = {"format": CACHE_FORMAT, "key": key, "is_identity": str(int(bridge.is_identity)),
                 "target_vocab_rows": str(bridge.target_vocab_rows), "draft_vocab_rows": str(bridge.draft_vocab_rows),
                 "stats": json.dumps(bridge.stats.to_dict())}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp_name, metadata=metadata)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    save_safetensors_atomically(path, tensors, metadata)
 
 
 def load_bridge(path: Path, key: str, target_vocab_rows: int, draft_vocab_rows: int) -> VocabBridge:

@@ -5,14 +5,14 @@ target vocabulary with exactly N trues, at those target ids. The mapping is stri
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from ..atomic_file import save_safetensors_atomically
 
 
 class D2TError(ValueError):
@@ -98,15 +98,7 @@ def save_d2t(path: str | Path, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
     """Write both tables to one safetensors file atomically (temp file + os.replace)."""
     path = Path(path)
     validate_d2t(d2t, t2d, t2d.numel(), source=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({"d2t": d2t.long().contiguous(), "t2d": t2d.contiguous()}, tmp_name)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    save_safetensors_atomically(path, {"d2t": d2t.long().contiguous(), "t2d": t2d.contiguous()})
 
 
 def load_d2t(path: str | Path, target_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,10 +24,10 @@ def test_shuffled_vocabulary_draft_is_fully_accepted_through_the_bridge(ckpts, l
     assert llm.draft_info["intersection"] == tokenizer_of(ckpts.gpt2_target).vocab_size - 1  # all but <|endoftext|>
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
     for prompt, out in zip(prompts, outputs):
-        assert out.token_ids == reference_greedy(ckpts.gpt2_target, prompt, MAX_TOKENS)
+        assert out.outputs[0].token_ids == reference_greedy(ckpts.gpt2_target, prompt, MAX_TOKENS)
         assert out.metrics["acceptance_by_position"] == [1.0] * K, out.metrics
         assert out.metrics["acceptance_length"] == K + 1
-        if out.finish_reason == "length":
+        if out.outputs[0].finish_reason == "length":
             assert out.metrics["target_forwards"] == MAX_TOKENS // (K + 1)
 
 
@@ -56,7 +56,7 @@ def test_identical_draft_accepts_every_position(ckpts, llms, prompts, k):
     assert llm.draft_info["vocab_mode"] == "identity"
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20))
     for prompt, out in zip(prompts, outputs):
-        assert out.token_ids == reference_greedy(ckpts.smollm2_target, prompt, 20)
+        assert out.outputs[0].token_ids == reference_greedy(ckpts.smollm2_target, prompt, 20)
         assert out.metrics["acceptance_by_position"] == [1.0] * k
         assert out.metrics["acceptance_length"] == k + 1
     assert llm.stats.acceptance_rate == 1.0

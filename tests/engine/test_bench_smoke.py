@@ -1,11 +1,10 @@
 """`anydraft bench` end to end on tiny random checkpoints: every output present, emulation labelled, peers skip cleanly."""
 import json
 
-import pytest
 
 from anydraft.bench.inflate import parse_inflate_spec
 from anydraft.bench.peer_vllm import find_vllm_python
-from anydraft.bench.report import check_goals, markdown_table
+from anydraft.bench.report import markdown_table
 from anydraft.bench.suite import BenchConfig, run_bench
 from anydraft.cli import main
 
@@ -61,7 +60,8 @@ def test_inflated_target_is_labelled_emulated_and_decodes_the_same(ckpts):
     assert "EMULATED" in markdown_table(result)
     assert set(result["skipped"]) == {"hf", "vllm"}
     assert all(r["exact_matches_vs_target_alone"] == 2 for r in result["runs"])
-    assert any("emulated" in g["goal"] for g in check_goals(result))
+    assert result["git_commit"] is not None and result["machine"]["cores"] >= 1
+    assert result["kernels"]["target"]["body"]
 
 
 def test_rounds_interleave_contenders_and_rotate_their_order():
@@ -132,22 +132,21 @@ def test_vllm_without_interpreter_is_skipped_with_reason(monkeypatch):
 
 
 def test_cli_writes_json_and_plots(ckpts, tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     code = main(["bench", "--target", str(ckpts.smollm2_target), "--draft", str(ckpts.qwen3_draft),
                  "--same-vocab-draft", "none", "-k", "2", "--num-prompts", "1", "--max-tokens", "6", "--repeats", "1",
                  "--sweep-k", "1-2", "--peers", "vllm", "--threads", "1", "--out", str(tmp_path), "--tag", "smoke"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "vllm skipped" in out and "Goals:" in out
+    assert "vllm skipped" in out
     result = json.loads((tmp_path / "smoke.json").read_text())
-    assert result["goals"] and result["skipped"]["vllm"]
+    assert result["skipped"]["vllm"]
+    assert result["git_commit"] and result["torch_threads"] == 1 and result["batch_size"] == 1
     assert (tmp_path / "smoke_acceptance_by_position.png").stat().st_size > 0
     assert (tmp_path / "smoke_speedup_vs_k.png").stat().st_size > 0
 
 
 def test_hf_peer_pins_k_on_the_assistant(ckpts):
     """transformers reads drafting settings from the assistant's generation_config, not generate() kwargs."""
-    pytest.importorskip("transformers")
     from anydraft.bench.contenders import run_rounds
     from anydraft.bench.peer_hf import HFContender, HFPeer
     from anydraft.tokenizer import Tokenizer

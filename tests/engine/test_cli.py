@@ -23,7 +23,7 @@ def _generate(capsys, *args: str) -> tuple[int, str, str]:
 
 @torch.inference_mode()
 def transformers_greedy(model_dir, prompt: str, max_new_tokens: int) -> list[int]:
-    transformers = pytest.importorskip("transformers")
+    import transformers
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float64).eval()
     prompt_target_ids = tokenizer_of(model_dir).encode(prompt)  # our encoding (with BOS where the tokenizer adds it)
     input_ids = torch.tensor([prompt_target_ids])
@@ -43,8 +43,9 @@ def test_json_token_ids_equal_transformers_target_alone(ckpts, capsys, target, d
     result = json.loads(out)
     assert result["draft_info"]["vocab_mode"] == "tli"
     expected_target_ids = transformers_greedy(target_dir, PROMPT.replace("\\n", "\n"), MAX_TOKENS)
-    assert result["token_ids"] == expected_target_ids
-    assert len(result["token_ids"]) == MAX_TOKENS or result["finish_reason"] == "stop"
+    completion = result["outputs"][0]
+    assert completion["token_ids"] == expected_target_ids
+    assert len(completion["token_ids"]) == MAX_TOKENS or completion["finish_reason"] == "stop"
     assert result["metrics"]["target_forwards"] >= 1
 
 
@@ -55,7 +56,7 @@ def test_plain_output_is_text_then_a_stats_line(ckpts, capsys):
     _, json_out, _ = _generate(capsys, "--target", str(ckpts.gpt2_target), "--draft", str(ckpts.gpt2_shuffled_draft),
                                "--dtype", "float64", "--device", "cpu", "--max-tokens", "12", "-k", "3", "--json",
                                PROMPT)
-    assert out == json.loads(json_out)["text"] + "\n"
+    assert out == json.loads(json_out)["outputs"][0]["text"] + "\n"
     assert "tli" in err and "AL 4.00" in err  # the shuffled-vocabulary draft: every draft token accepted
     assert "Traceback" not in err
 
@@ -74,7 +75,7 @@ def test_plain_output_is_text_then_a_stats_line(ckpts, capsys):
 ])
 def test_bad_input_exits_2_with_one_line(ckpts, capsys, bad_args, message):
     if "cuda" in bad_args and torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+        pytest.skip("hardware: this machine has CUDA")
     bad_args = [a.format(tokenizer_only=ckpts.small_tokenizer) for a in bad_args]  # a directory without weights
     args = ["--target", str(ckpts.gpt2_target), "--draft", str(ckpts.gpt2_shuffled_draft), "--dtype", "float64",
             "--device", "cpu", "--max-tokens", "4"]
@@ -87,7 +88,7 @@ def test_bad_input_exits_2_with_one_line(ckpts, capsys, bad_args, message):
 
 
 def test_empty_prompt_exits_2(ckpts, capsys):
-    code, _, err = _generate(capsys, "--target", str(ckpts.gpt2_target), "--no-draft", "--device", "cpu", "")
+    code, _, err = _generate(capsys, "--target", str(ckpts.gpt2_target), "--draft", "none", "--device", "cpu", "")
     assert code == 2 and "prompt is empty" in err and "Traceback" not in err
 
 
@@ -102,4 +103,4 @@ def test_frequency_ranked_head_flags(ckpts, capsys, draft_vocab_corpus):
     assert cut["draft_info"]["draft_head_rows"] == 128 and cut["draft_info"]["draft_vocab"]["asked"] == 128
     code, out, err = _generate(capsys, *args)
     assert code == 0, err
-    assert cut["token_ids"] == json.loads(out)["token_ids"]
+    assert cut["outputs"][0]["token_ids"] == json.loads(out)["outputs"][0]["token_ids"]

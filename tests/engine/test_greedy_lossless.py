@@ -42,8 +42,8 @@ def test_batch_of_one_matches_target_alone(ckpts, llms, prompts, case, target, d
     prompt = prompts[2]
     [out] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=32))
     expected_target_ids = reference_greedy(target_dir, prompt, 32)
-    assert out.token_ids == expected_target_ids
-    assert out.finish_reason == ("stop" if len(expected_target_ids) < 32 else "length")
+    assert out.outputs[0].token_ids == expected_target_ids
+    assert out.outputs[0].finish_reason == ("stop" if len(expected_target_ids) < 32 else "length")
     assert out.metrics["vocab_mode"] == mode
     assert 1 <= out.metrics["acceptance_length"] <= k + 1
     split = out.metrics["time_split_seconds"]
@@ -59,7 +59,7 @@ def test_mixed_length_batch_matches_target_alone(ckpts, llms, prompts, case, tar
     max_tokens = [24, 17, 30, 24, 9, 24]
     outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
     for prompt, n, out in zip(prompts, max_tokens, outputs):
-        assert out.token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
+        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
     acceptance, accepted, forwards = _acceptance(outputs, k)
     print(f"\n[{case}] k={k} accepted {accepted} over {forwards} target forwards: "
           f"mean accepted/step {acceptance:.2f}, AL {1 + acceptance:.2f}")
@@ -75,7 +75,7 @@ def test_identity_with_more_draft_rows_samples_within_the_target_vocabulary(ckpt
     llm = llms.get(ckpts.smollm2_target, ckpts.smollm2_padded_draft, k=3)
     outputs = llm.generate(prompts, [SamplingParams(temperature=1.0, max_tokens=12, seed=i) for i in range(6)])
     vocab_size = llm.tokenizer.vocab_size
-    assert all(0 <= t < vocab_size for o in outputs for t in o.token_ids)
+    assert all(0 <= t < vocab_size for o in outputs for t in o.outputs[0].token_ids)
     assert sum(o.metrics["num_accepted"] for o in outputs) > 0
 
 
@@ -103,7 +103,7 @@ def test_frequency_ranked_head_matches_target_alone(ckpts, llms, prompts, draft_
     max_tokens = [24, 17, 30, 24, 9, 24]
     outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
     for prompt, n, out in zip(prompts, max_tokens, outputs):
-        assert out.token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
+        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
     proposed = sum(o.metrics["num_drafted"] for o in outputs)
     assert proposed > 0
 

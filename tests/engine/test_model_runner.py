@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import save_file
 
 from anydraft.model.config import ModelConfig, UnsupportedModelError
@@ -14,7 +15,6 @@ from anydraft.model.loader import load_model
 from anydraft.model.packed_linear import can_pack, pack_linears
 from anydraft.model.runner import ModelRunner
 
-transformers = pytest.importorskip("transformers")
 
 ARCHS = {
     "LlamaForCausalLM": dict(),

@@ -133,7 +133,7 @@ def test_bf16_greedy_speculative_equals_target_alone_exactly(llms, target, draft
     questions = [f"Question: {q}\nAnswer:" for q in gsm8k_questions(6, start=40)]
     params = SamplingParams(temperature=0, max_tokens=96)
     spec_out, alone_out = spec.generate(questions, params), alone.generate(questions, params)
-    assert [o.token_ids for o in spec_out] == [o.token_ids for o in alone_out]
+    assert [o.outputs[0].token_ids for o in spec_out] == [o.outputs[0].token_ids for o in alone_out]
     assert spec.stats.acceptance_length > 2.0   # the shipped pairs agree often: real verification happened
 
 

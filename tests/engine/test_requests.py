@@ -18,10 +18,10 @@ def test_max_tokens_cuts_inside_a_step(ckpts, llms, prompts, max_tokens):
     llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_target, k=4)
     outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
     for prompt, out in zip(prompts, outputs):
-        assert len(out.token_ids) == max_tokens
-        assert out.finish_reason == "length"
-        assert out.token_ids == reference_greedy(ckpts.gpt2_target, prompt, max_tokens)
-        assert out.text == llm.tokenizer.decode(out.token_ids)
+        assert len(out.outputs[0].token_ids) == max_tokens
+        assert out.outputs[0].finish_reason == "length"
+        assert out.outputs[0].token_ids == reference_greedy(ckpts.gpt2_target, prompt, max_tokens)
+        assert out.outputs[0].text == llm.tokenizer.decode(out.outputs[0].token_ids)
 
 
 def test_first_token_comes_from_the_prompt_forward(ckpts, llms, prompts, monkeypatch):
@@ -36,12 +36,12 @@ def test_first_token_comes_from_the_prompt_forward(ckpts, llms, prompts, monkeyp
                         or real_forward(rows, input_ids, num_new))
     prompt_len = len(llm.tokenizer.encode(prompts[0]))
     [out] = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=11, ignore_eos=True))
-    assert out.token_ids == reference_greedy(ckpts.gpt2_target, prompts[0], 11)
+    assert out.outputs[0].token_ids == reference_greedy(ckpts.gpt2_target, prompts[0], 11)
     assert target_forwards == [prompt_len, 5, 5]
     assert out.metrics["target_forwards"] == 2 and out.metrics["acceptance_length"] == 5
     target_forwards.clear()
     [one] = llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
-    assert one.token_ids == out.token_ids[:1] and one.finish_reason == "length"
+    assert one.outputs[0].token_ids == out.outputs[0].token_ids[:1] and one.outputs[0].finish_reason == "length"
     assert target_forwards == [prompt_len] and one.metrics["target_forwards"] == 0
     assert not llm.engine.has_unfinished() and len(llm.engine.free_rows) == llm.engine.target.cache.max_batch
 
@@ -51,16 +51,16 @@ def test_stop_string_cuts_text_and_finishes(ckpts, llms, prompts):
     llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, k=3)
     [free] = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     # A stop string made of two tokens from the middle of the free-running text (not at a step boundary).
-    stop = llm.tokenizer.decode(free.token_ids[9:11])
-    assert stop and stop in free.text
-    expected_text = free.text[:free.text.find(stop)]
+    stop = llm.tokenizer.decode(free.outputs[0].token_ids[9:11])
+    assert stop and stop in free.outputs[0].text
+    expected_text = free.outputs[0].text[:free.outputs[0].text.find(stop)]
     [out] = llm.generate([prompts[1]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
                                                      stop=["<never appears>", stop]))
-    assert out.finish_reason == "stop"
-    assert out.text == expected_text
-    assert stop not in out.text
-    assert len(out.token_ids) < 24
-    assert out.token_ids == free.token_ids[:len(out.token_ids)]
+    assert out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].text == expected_text
+    assert stop not in out.outputs[0].text
+    assert len(out.outputs[0].token_ids) < 24
+    assert out.outputs[0].token_ids == free.outputs[0].token_ids[:len(out.outputs[0].token_ids)]
 
 
 def test_stop_string_late_in_a_long_output(ckpts, llms, prompts):
@@ -68,12 +68,12 @@ def test_stop_string_late_in_a_long_output(ckpts, llms, prompts):
     ends the request at its first occurrence in the full text."""
     llm = llms.get(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, k=3)
     [free] = llm.generate([prompts[2]], SamplingParams(temperature=0, max_tokens=160, ignore_eos=True))
-    stop = next(s for s in (llm.tokenizer.decode(free.token_ids[i:i + 2]) for i in range(120, 150))
-                if s.strip() and free.text.find(s) > len(llm.tokenizer.decode(free.token_ids[:100])))
+    stop = next(s for s in (llm.tokenizer.decode(free.outputs[0].token_ids[i:i + 2]) for i in range(120, 150))
+                if s.strip() and free.outputs[0].text.find(s) > len(llm.tokenizer.decode(free.outputs[0].token_ids[:100])))
     [out] = llm.generate([prompts[2]], SamplingParams(temperature=0, max_tokens=160, ignore_eos=True, stop=[stop]))
-    assert out.finish_reason == "stop"
-    assert out.text == free.text[:free.text.find(stop)]
-    assert len(out.token_ids) > 100
+    assert out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].text == free.outputs[0].text[:free.outputs[0].text.find(stop)]
+    assert len(out.outputs[0].token_ids) > 100
 
 
 @pytest.mark.parametrize("draft", ["itself", "none"])
@@ -86,11 +86,11 @@ def test_eos_ends_the_request(ckpts, llms, draft):
     assert expected_target_ids[-1] == eos and 2 <= len(expected_target_ids) <= 6
     llm = llms.get(target_dir, target_dir if draft == "itself" else None, k=4)
     [out] = llm.generate([EOS_PROMPT], SamplingParams(temperature=0, max_tokens=24))
-    assert out.token_ids == expected_target_ids
-    assert out.finish_reason == "stop"
+    assert out.outputs[0].token_ids == expected_target_ids
+    assert out.outputs[0].finish_reason == "stop"
     [ignored] = llm.generate([EOS_PROMPT], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-    assert ignored.finish_reason == "length" and len(ignored.token_ids) == 24
-    assert ignored.token_ids[:len(expected_target_ids)] == expected_target_ids
+    assert ignored.outputs[0].finish_reason == "length" and len(ignored.outputs[0].token_ids) == 24
+    assert ignored.outputs[0].token_ids[:len(expected_target_ids)] == expected_target_ids
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -100,9 +100,9 @@ def test_max_model_len_ends_speculative_and_target_alone_alike(ckpts, llms, k):
     greedy = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     [alone] = llms.get(ckpts.gpt2_target, None, max_model_len=40).generate([prompt], greedy)
     [spec] = llms.get(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, k=k, max_model_len=40).generate([prompt], greedy)
-    assert spec.token_ids == alone.token_ids
-    assert len(alone.token_ids) == 40 - len(tokenizer_of(ckpts.gpt2_target).encode(prompt))
-    assert alone.finish_reason == spec.finish_reason == "length"
+    assert spec.outputs[0].token_ids == alone.outputs[0].token_ids
+    assert len(alone.outputs[0].token_ids) == 40 - len(tokenizer_of(ckpts.gpt2_target).encode(prompt))
+    assert alone.outputs[0].finish_reason == spec.outputs[0].finish_reason == "length"
 
 
 # -- seeded sampling ------------------------------------------------------------------------------------------
@@ -114,14 +114,14 @@ def test_seeded_request_reproduces_whatever_its_batch_mates(ckpts, llms, prompts
     mates = [SamplingParams(temperature=1.0, max_tokens=20, seed=5), SamplingParams(temperature=0, max_tokens=12),
              SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16), SamplingParams(temperature=1.3, max_tokens=3)]
     batch = llm.generate([prompts[2], prompts[1], prompts[0], prompts[3], prompts[0]], mates[:2] + [seeded] + mates[2:])
-    assert batch[2].token_ids == alone.token_ids
-    assert batch[1].token_ids == reference_greedy(ckpts.small_target, prompts[1], 12)  # the greedy batch-mate
+    assert batch[2].outputs[0].token_ids == alone.outputs[0].token_ids
+    assert batch[1].outputs[0].token_ids == reference_greedy(ckpts.small_target, prompts[1], 12)  # the greedy batch-mate
     # Joining a batch already running (six requests over four rows: it gets a row another request left).
     late = llm.generate([prompts[3]] * 5 + [prompts[0]], [mates[0]] * 5 + [seeded])
-    assert late[5].token_ids == alone.token_ids
+    assert late[5].outputs[0].token_ids == alone.outputs[0].token_ids
     # Other seeds give other samples (so the equalities above are not trivially true).
     others = llm.generate([prompts[0]] * 4, [SamplingParams(temperature=1.0, max_tokens=12, seed=s) for s in range(4)])
-    assert any(o.token_ids != alone.token_ids for o in others)
+    assert any(o.outputs[0].token_ids != alone.outputs[0].token_ids for o in others)
 
 
 # -- bad input ------------------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_bad_prompts_are_refused_and_leave_nothing_behind(ckpts, llms):
     # The fine prompt of the refused call is not left queued: the next call returns only its own outputs.
     assert not llm.engine.has_unfinished()
     outputs = llm.generate(["Another prompt"], greedy)
-    assert len(outputs) == 1 and outputs[0].token_ids == reference_greedy(ckpts.small_target, "Another prompt", 8)
+    assert len(outputs) == 1 and outputs[0].outputs[0].token_ids == reference_greedy(ckpts.small_target, "Another prompt", 8)
 
 
 # -- a draft sequence longer than the draft's cache ------------------------------------------------------------
@@ -207,11 +207,11 @@ def test_draft_outgrowing_its_cache_keeps_generating_the_target_text(ckpts, llms
     outputs = llm.generate(prompts, params)
     assert longest[0] > proposer.runner.cache.max_len
     # The request ends at max_model_len (prompt + output), as it would with the target alone.
-    assert outputs[0].finish_reason == "length"
-    assert len(outputs[0].token_ids) == 64 - len(llm.tokenizer.encode(prompts[0]))
+    assert outputs[0].outputs[0].finish_reason == "length"
+    assert len(outputs[0].outputs[0].token_ids) == 64 - len(llm.tokenizer.encode(prompts[0]))
     for prompt, out in zip(prompts[:2], outputs[:2]):
-        assert out.token_ids == reference_greedy(ckpts.qwen3_target, prompt, len(out.token_ids))
-    assert len(outputs[2].token_ids) == 20 or outputs[2].finish_reason == "stop"
+        assert out.outputs[0].token_ids == reference_greedy(ckpts.qwen3_target, prompt, len(out.outputs[0].token_ids))
+    assert len(outputs[2].outputs[0].token_ids) == 20 or outputs[2].outputs[0].finish_reason == "stop"
     assert not llm.engine.has_unfinished()
 
 

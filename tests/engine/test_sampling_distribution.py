@@ -76,7 +76,7 @@ def samples(ckpts, llms, draft_vocab_corpus):
             params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=2, seed=seed + i)
                       for i in range(NUM_SAMPLES)]
             outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
-            assert all(len(o.token_ids) == 2 or o.finish_reason == "stop" for o in outputs)
+            assert all(len(o.outputs[0].token_ids) == 2 or o.outputs[0].finish_reason == "stop" for o in outputs)
             forwards = sum(o.metrics["target_forwards"] for o in outputs)
             accepted = sum(o.metrics["num_accepted"] for o in outputs)
             print(f"\n[{kind} T={temperature} top_k={top_k}] mean accepted per step {accepted / forwards:.2f} "
@@ -84,7 +84,7 @@ def samples(ckpts, llms, draft_vocab_corpus):
             if draft is not None:
                 # Drafts agree partly: the accept test and the residual draw both run.
                 assert 0 < accepted / forwards < K
-            cache[key] = [tuple(o.token_ids[:2]) + (None,) * (2 - len(o.token_ids)) for o in outputs]
+            cache[key] = [tuple(o.outputs[0].token_ids[:2]) + (None,) * (2 - len(o.outputs[0].token_ids)) for o in outputs]
         return cache[key]
 
     return get

@@ -5,12 +5,11 @@ import json
 import os
 import random
 import shutil
-import time
 
 import pytest
 import torch
 
-import anydraft.vocab.cache as bridge_cache
+import anydraft.atomic_file as atomic_file
 from anydraft.tokenizer import Tokenizer
 from anydraft.vocab.bridge import VocabBridge
 from anydraft.vocab.cache import load_or_build_bridge
@@ -135,20 +134,13 @@ def test_shuffled_ids_map_fully(load_tokenizer, tmp_path):
 # --- cache ---------------------------------------------------------------------------------------
 def test_cache_cold_then_cached(load_tokenizer, tmp_path):
     qwen, smol = load_tokenizer("qwen3"), load_tokenizer("smollm2")
-    qwen.token_table, smol.token_table  # parse outside the timed part, as a loaded tokenizer would be
-    start = time.perf_counter()
     cold = load_or_build_bridge(qwen, smol, 151936, 49152, cache_dir=tmp_path)
-    cold_seconds = time.perf_counter() - start
-    start = time.perf_counter()
     cached = load_or_build_bridge(qwen, smol, 151936, 49152, cache_dir=tmp_path)
-    cached_seconds = time.perf_counter() - start
-    print(f"qwen3 x smollm2: cold build {cold_seconds:.3f} s, cached load {cached_seconds:.4f} s")
     assert not cold.from_cache and cached.from_cache
     assert torch.equal(cold.draft_to_target, cached.draft_to_target)
     assert torch.equal(cold.target_to_draft, cached.target_to_draft)
     assert torch.equal(cold.draft_in_intersection, cached.draft_in_intersection)
     assert cached.stats == cold.stats
-    assert cached_seconds < 0.5  # ~5 ms on an idle machine; loose because the CI machine is shared
     assert len(list(tmp_path.iterdir())) == 1
     # Other row counts are another entry; identity entries round-trip with None maps.
     assert not load_or_build_bridge(qwen, smol, 151936, 49216, cache_dir=tmp_path).from_cache
@@ -189,7 +181,7 @@ def test_corrupt_cache_entry_is_rebuilt(load_tokenizer, tmp_path, damage):
 def test_cache_is_never_half_written(load_tokenizer, tmp_path, monkeypatch):
     """A write that dies midway leaves no entry (and no temp file); the next call builds and stores."""
     llama, mistral = load_tokenizer("llama2"), load_tokenizer("mistral_v0.1")
-    real_save_file = bridge_cache.save_file
+    real_save_file = atomic_file.save_file
 
     def dying_save_file(tensors, filename, metadata=None):
         real_save_file(tensors, filename, metadata=metadata)
@@ -197,11 +189,11 @@ def test_cache_is_never_half_written(load_tokenizer, tmp_path, monkeypatch):
             partial.truncate(100)  # what a crash midway would leave in the temp file
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bridge_cache, "save_file", dying_save_file)
+    monkeypatch.setattr(atomic_file, "save_file", dying_save_file)
     with pytest.raises(KeyboardInterrupt):
         load_or_build_bridge(llama, mistral, cache_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(bridge_cache, "save_file", real_save_file)
+    monkeypatch.setattr(atomic_file, "save_file", real_save_file)
     assert not load_or_build_bridge(llama, mistral, cache_dir=tmp_path).from_cache
     assert load_or_build_bridge(llama, mistral, cache_dir=tmp_path).from_cache
 

@@ -11,7 +11,7 @@ from anydraft.model.packed_linear import (SMALL_WEIGHT_ELEMENTS, Float32Linear, 
                                           pack_linears)
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.device("cpu"), torch.bfloat16),
-                                reason="this torch build has no oneDNN linear packing")
+                                reason="hardware: this CPU or torch build has no oneDNN bf16 linear packing")
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 192), (1, 4, 192), (3, 7, 192), (150, 192)])
