@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -15,9 +16,14 @@ DEFAULT_TARGET, DEFAULT_DRAFT = "qwen3-target", "smollm2-draft"
 D2T_KEYS = ("d2t", "t2d")
 
 
+MODELS_DIR_ENV = "ANYDRAFT_MODELS_DIR"
+
+
 def builtin_models_dir() -> Path:
-    """The repo's models/ folder (editable install or a checkout): the package sits beside it."""
-    return Path(__file__).resolve().parent.parent.parent / "models"
+    """Where the builtin checkpoints live: $ANYDRAFT_MODELS_DIR, else the models/ folder of the checkout this
+    package runs from (an editable install or a checkout: the package sits beside it)."""
+    configured = os.environ.get(MODELS_DIR_ENV)
+    return Path(configured) if configured else Path(__file__).resolve().parent.parent.parent / "models"
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
@@ -29,8 +35,10 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
         builtin = builtin_models_dir() / str(name_or_path)
         if builtin.is_dir():
             return builtin
-        raise FileNotFoundError(f"builtin model {name_or_path!r} not found at {builtin}; "
-                                f"install anydraft from a repo checkout (pip install -e .)")
+        raise FileNotFoundError(
+            f"builtin model {name_or_path!r} not found at {builtin}. The builtin checkpoints ship in the models/ "
+            f"folder of the anydraft repository, not in the wheel: install from a checkout (pip install -e .), "
+            f"or set {MODELS_DIR_ENV} to a folder holding them (e.g. {MODELS_DIR_ENV}=/path/to/anydraft/models)")
     raise FileNotFoundError(f"{name_or_path}: not a checkpoint directory nor a builtin model "
                             f"({', '.join(BUILTIN_MODELS)})")
 

@@ -24,8 +24,10 @@ P_VALUE_MIN = 1e-3
 NUM_SAMPLES = 3072
 K = 3
 PROMPT = "The answer is"
-SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000, "d2t": 3_000_000, "tli_fr": 4_000_000}
+SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000, "d2t": 3_000_000, "tli_fr": 4_000_000,
+             "target_alone_2": 5_000_000}   # target_alone_2: an independent second run, for a control
 MIN_CONDITIONAL_SAMPLES = 1000   # second tokens after the most common first one (the verified-token tests)
+MAX_TOKENS = 5   # the prompt's token + one whole verification step (k+1 = 4 positions: accepted drafts, bonus)
 FR_HEAD_ROWS = 200   # tli_fr: the TLI draft's head cut to the 200 rows GSM8K train uses most
 
 
@@ -59,13 +61,14 @@ def two_sample(a: list, b: list, min_count: int = 10) -> float:
 
 @pytest.fixture(scope="module")
 def samples(ckpts, llms, draft_vocab_corpus):
-    """(first, second) target ids of NUM_SAMPLES requests per setting, each request seeded differently."""
+    """The first MAX_TOKENS target ids (None-padded after EOS) of NUM_SAMPLES requests per setting, each request
+    seeded differently."""
     cache = {}
 
     def get(kind: str, temperature: float = 1.0, top_k: int = 0):
         key = (kind, temperature, top_k)
         if key not in cache:
-            draft = {"target_alone": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft,
+            draft = {"target_alone": None, "target_alone_2": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft,
                      "d2t": ckpts.small_d2t_draft, "tli_fr": ckpts.small_tli_draft}[kind]
             head = ({"draft_vocab_size": FR_HEAD_ROWS, "draft_vocab_corpus": str(draft_vocab_corpus)}
                     if kind == "tli_fr" else {})
@@ -73,10 +76,11 @@ def samples(ckpts, llms, draft_vocab_corpus):
             if head:
                 assert llm.proposer.runner.head_rows == FR_HEAD_ROWS
             seed = SEED_BASE[kind] + int(temperature * 1000) + top_k
-            params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=2, seed=seed + i)
+            params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=MAX_TOKENS, seed=seed + i)
                       for i in range(NUM_SAMPLES)]
             outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
-            assert all(len(o.outputs[0].token_ids) == 2 or o.outputs[0].finish_reason == "stop" for o in outputs)
+            assert all(len(o.outputs[0].token_ids) == MAX_TOKENS or o.outputs[0].finish_reason == "stop"
+                       for o in outputs)
             forwards = sum(o.metrics["target_forwards"] for o in outputs)
             accepted = sum(o.metrics["num_accepted"] for o in outputs)
             print(f"\n[{kind} T={temperature} top_k={top_k}] mean accepted per step {accepted / forwards:.2f} "
@@ -84,7 +88,8 @@ def samples(ckpts, llms, draft_vocab_corpus):
             if draft is not None:
                 # Drafts agree partly: the accept test and the residual draw both run.
                 assert 0 < accepted / forwards < K
-            cache[key] = [tuple(o.outputs[0].token_ids[:2]) + (None,) * (2 - len(o.outputs[0].token_ids)) for o in outputs]
+            cache[key] = [tuple(o.outputs[0].token_ids) + (None,) * (MAX_TOKENS - len(o.outputs[0].token_ids))
+                          for o in outputs]
         return cache[key]
 
     return get
@@ -125,9 +130,32 @@ def test_verified_token_follows_exact_target_softmax(ckpts, samples, kind):
 @pytest.mark.parametrize("kind", ["identity", "tli", "tli_fr"])
 def test_first_two_tokens_match_target_alone(samples, kind):
     """Joint (first, second) distribution: the second token is an accepted draft or a recovered/bonus one."""
-    p_value = two_sample(samples(kind), samples("target_alone"))
+    p_value = two_sample([pair[:2] for pair in samples(kind)], [pair[:2] for pair in samples("target_alone")])
     print(f"\n[{kind}] first two tokens vs target alone: p = {p_value:.3g}")
     assert p_value > P_VALUE_MIN
+
+
+def later_position_p_values(sequences: list[tuple], reference: list[tuple]) -> list[float]:
+    """Two-sample p-values of the token at each position 2..MAX_TOKENS-1 (the later positions of a verification
+    step: drafts accepted in a row, the recovered token after a rejection, the bonus token)."""
+    return [two_sample([s[j] for s in sequences], [s[j] for s in reference]) for j in range(2, MAX_TOKENS)]
+
+
+@pytest.mark.parametrize("kind", ["identity", "tli", "d2t", "tli_fr"])
+def test_later_positions_match_target_alone(samples, kind):
+    p_values = later_position_p_values(samples(kind), samples("target_alone"))
+    print(f"\n[{kind}] positions 3..{MAX_TOKENS} vs target alone: p = {', '.join(f'{p:.3g}' for p in p_values)}")
+    assert min(p_values) > P_VALUE_MIN
+
+
+def test_later_position_statistic_detects_a_wrong_law(samples):
+    """Negative control at the same sample size: the target alone at temperature 1.2 instead of 1 is told
+    apart at every later position, while two independent runs at temperature 1 are not."""
+    wrong = later_position_p_values(samples("target_alone", temperature=1.2), samples("target_alone"))
+    print(f"\n[control] T=1.2 positions 3..{MAX_TOKENS} vs T=1: p = {', '.join(f'{p:.3g}' for p in wrong)}")
+    assert max(wrong) < P_VALUE_MIN
+    same = later_position_p_values(samples("target_alone_2"), samples("target_alone"))
+    assert min(same) > P_VALUE_MIN
 
 
 def test_truncated_sampling_follows_truncated_target(ckpts, samples):
