@@ -25,7 +25,9 @@ NUM_SAMPLES = 3072
 K = 3
 PROMPT = "The answer is"
 SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000, "d2t": 3_000_000, "tli_fr": 4_000_000,
-             "target_alone_2": 5_000_000}   # target_alone_2: an independent second run, for a control
+             "target_alone_2": 5_000_000, "noisy_draft_alone": 6_000_000}
+# Controls: target_alone_2 is an independent second run of the target alone; noisy_draft_alone decodes with
+# the noisy draft as the model (a wrong law at every position, total variation ~0.5 from the target's).
 MIN_CONDITIONAL_SAMPLES = 1000   # second tokens after the most common first one (the verified-token tests)
 MAX_TOKENS = 5   # the prompt's token + one whole verification step (k+1 = 4 positions: accepted drafts, bonus)
 FR_HEAD_ROWS = 200   # tli_fr: the TLI draft's head cut to the 200 rows GSM8K train uses most
@@ -68,11 +70,12 @@ def samples(ckpts, llms, draft_vocab_corpus):
     def get(kind: str, temperature: float = 1.0, top_k: int = 0):
         key = (kind, temperature, top_k)
         if key not in cache:
-            draft = {"target_alone": None, "target_alone_2": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft,
+            draft = {"target_alone": None, "target_alone_2": None, "noisy_draft_alone": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft,
                      "d2t": ckpts.small_d2t_draft, "tli_fr": ckpts.small_tli_draft}[kind]
             head = ({"draft_vocab_size": FR_HEAD_ROWS, "draft_vocab_corpus": str(draft_vocab_corpus)}
                     if kind == "tli_fr" else {})
-            llm = llms.get(ckpts.small_target, draft, k=K, max_num_seqs=64, dtype="float32", **head)
+            model = ckpts.small_noisy_draft if kind == "noisy_draft_alone" else ckpts.small_target
+            llm = llms.get(model, draft, k=K, max_num_seqs=64, dtype="float32", **head)
             if head:
                 assert llm.proposer.runner.head_rows == FR_HEAD_ROWS
             seed = SEED_BASE[kind] + int(temperature * 1000) + top_k
@@ -149,12 +152,17 @@ def test_later_positions_match_target_alone(samples, kind):
 
 
 def test_later_position_statistic_detects_a_wrong_law(samples):
-    """Negative control at the same sample size: the target alone at temperature 1.2 instead of 1 is told
-    apart at every later position, while two independent runs at temperature 1 are not."""
-    wrong = later_position_p_values(samples("target_alone", temperature=1.2), samples("target_alone"))
-    print(f"\n[control] T=1.2 positions 3..{MAX_TOKENS} vs T=1: p = {', '.join(f'{p:.3g}' for p in wrong)}")
+    """Negative controls at the same sample size. A wrong law at every position (the noisy draft decoding
+    alone) is told apart at every later position; a subtle one (the target at temperature 1.2 instead of 1)
+    fails the test as a whole; two independent runs of the target alone pass it."""
+    reference = samples("target_alone")
+    wrong = later_position_p_values(samples("noisy_draft_alone"), reference)
+    print(f"\n[control] noisy draft alone, positions 3..{MAX_TOKENS}: p = {', '.join(f'{p:.3g}' for p in wrong)}")
     assert max(wrong) < P_VALUE_MIN
-    same = later_position_p_values(samples("target_alone_2"), samples("target_alone"))
+    warm = later_position_p_values(samples("target_alone", temperature=1.2), reference)
+    print(f"\n[control] T=1.2, positions 3..{MAX_TOKENS}: p = {', '.join(f'{p:.3g}' for p in warm)}")
+    assert min(warm) < P_VALUE_MIN
+    same = later_position_p_values(samples("target_alone_2"), reference)
     assert min(same) > P_VALUE_MIN
 
 
