@@ -3,22 +3,25 @@
 On a CPU with AVX-512 in bf16, a Llama-family body runs as one C++ call instead of ~50 PyTorch calls per
 layer, and every row is computed the same way whatever the batch shape, so greedy speculative decoding is
 token-exact against the target alone in bf16. The extension is compiled on first use (about a minute, g++) into
-a folder keyed by its source, torch version and CPU ($ANYDRAFT_NATIVE_DIR, else ~/.cache/anydraft/native);
-when it cannot be used the PyTorch path runs. ANYDRAFT_NATIVE=0 turns it off.
+a folder keyed by its source, torch version, CPU model and CPU feature flags ($ANYDRAFT_NATIVE_DIR, else
+~/.cache/anydraft/native); when it cannot be used the PyTorch path runs. ANYDRAFT_NATIVE=0 turns it off.
+A build is tried once per process; a failure is reported once on stderr with the compiler's message.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import platform
+import shutil
 import sys
+import sysconfig
 from pathlib import Path
 
 import torch
 
 from .config import ModelConfig
-from .packed_linear import SMALL_WEIGHT_ELEMENTS
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
@@ -41,9 +44,19 @@ def _cpuinfo(field: str) -> str:
     return ""
 
 
+def why_not_hardware() -> str | None:
+    """None when this CPU can run the native kernels; else the reason. The only reason a test may skip them."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the native kernels are for x86-64 CPUs (this one is {platform.machine()})"
+    if not (cpu_has("avx512f") and cpu_has("avx512bw")):
+        return "this CPU lacks AVX-512 (avx512f, avx512bw)"
+    return None
+
+
 def _build_dir() -> Path:
-    """Keyed by what changes the binary: source, torch version, CPU (-march=native)."""
-    cpu = _cpuinfo("model name") or platform.processor()
+    """Keyed by what changes the binary: source, torch version, compiler target (-march=native: CPU model and
+    feature flags; a VM can hide AVX-512 under the same model name, and that binary would die on SIGILL)."""
+    cpu = (_cpuinfo("model name") or platform.processor()) + "|" + " ".join(sorted(_cpuinfo("flags").split()))
     # every file of csrc/ (headers too: torch's loader would not notice a changed header)
     source = b"".join(path.read_bytes() for path in sorted(SOURCES[0].parent.iterdir()) if path.suffix in (".cpp", ".h"))
     key = hashlib.sha256(source + torch.__version__.encode() + cpu.encode()).hexdigest()[:16]
@@ -51,9 +64,56 @@ def _build_dir() -> Path:
     return (Path(configured) if configured else Path.home() / ".cache" / "anydraft" / "native") / key
 
 
+@contextlib.contextmanager
+def _ninja_on_path():
+    """torch's loader runs `ninja` from PATH; the `ninja` package's binary sits in the environment's scripts
+    folder, which is not on PATH when the environment is used without being activated."""
+    folders = []
+    try:
+        import ninja   # the PyPI package (a dependency): ships the binary
+        folders.append(ninja.BIN_DIR)
+    except ImportError:
+        pass
+    folders += [sysconfig.get_path("scripts"), str(Path(sys.executable).parent)]
+    old = os.environ.get("PATH", "")
+    found = next((f for f in folders if shutil.which("ninja", path=f)), None)
+    if found is None or shutil.which("ninja", path=old):
+        yield
+        return
+    os.environ["PATH"] = found + os.pathsep + old
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+class BuildFailed(RuntimeError):
+    """The native extension did not build in this process (not retried); the message is the compiler's."""
+
+
 @functools.lru_cache(maxsize=1)
+def _build():
+    """(module, None) or (None, the failure): one attempt per process, the failure reported once on stderr."""
+    try:
+        return _compile(), None
+    except Exception as e:   # a missing compiler or a failed build must not stop decoding
+        failure = BuildFailed(f"{type(e).__name__}: {e}".strip())
+        lines = str(failure).splitlines()
+        shown = "\n".join(lines if len(lines) <= 60 else lines[:10] + ["..."] + lines[-50:])
+        print(f"anydraft: the native kernels did not build; the PyTorch path runs instead. Reason:\n{shown}",
+              file=sys.stderr, flush=True)
+        return None, failure
+
+
 def load_extension():
-    """The compiled module, or raises with the reason (compiler missing, build error)."""
+    """The compiled module, or raises BuildFailed with the build's reason (the same one for the whole process)."""
+    module, failure = _build()
+    if failure is not None:
+        raise failure
+    return module
+
+
+def _compile():
     from torch.utils.cpp_extension import load   # imported lazily: it is slow and only needed here
     build_dir = _build_dir()
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -62,7 +122,7 @@ def load_extension():
               file=sys.stderr, flush=True)
     flags = ["-O3", "-march=native", "-fopenmp"]
     import fcntl   # POSIX only, like the kernels themselves
-    with open(build_dir / "anydraft.lock", "w") as guard:
+    with open(build_dir / "anydraft.lock", "w") as guard, _ninja_on_path():
         # torch's own lock file stays behind when a build is killed (Ctrl-C in the first minute), and every later
         # load would then wait on it forever. Ours is a flock, which the OS releases when its holder dies: while
         # we hold it no other anydraft process is building here, so a torch lock file found now is stale.
@@ -78,18 +138,18 @@ def why_not_native(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -
         return "turned off by ANYDRAFT_NATIVE=0"
     if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
         return f"only for bfloat16 on CPU (here {dtype} on {torch.device(device).type})"
-    if not (cpu_has("avx512f") and cpu_has("avx512bw")):
-        return "this CPU lacks AVX-512"
+    hardware = why_not_hardware()
+    if hardware is not None:
+        return hardware
     sizes = {"hidden_size": cfg.hidden_size, "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size}
     odd = [f"{name}={value}" for name, value in sizes.items() if value % WIDTH]
     if odd:
         return f"sizes must be multiples of {WIDTH}: {', '.join(odd)}"
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         return "attention heads must be a multiple of key/value heads"
-    try:
-        load_extension()
-    except Exception as e:   # a missing compiler or a failed build must not stop decoding
-        return f"the extension did not build ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    _, failure = _build()
+    if failure is not None:   # the full message went to stderr once; the reason here is its first line
+        return f"the extension did not build ({str(failure).splitlines()[0]})"
     return None
 
 

@@ -41,6 +41,7 @@ class ModelRunner:
         if self.packed and model.native is None:
             pack_linears(model.model)   # the body; the head gets its form in _set_head
         self.native_head: NativeHead | None = None
+        self.native_head_unavailable: str | None = None   # why the head is not native (set by _set_head)
         self._set_head(model.lm_head)
         self.cache = KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,
                              self.cfg.head_dim, self.dtype, self.device)
@@ -91,10 +92,27 @@ class ModelRunner:
         """The output head in its inference form: native (exact screened greedy argmax) beside the native
         body when the CPU has VNNI, else oneDNN-prepacked on CPU bf16, else as is."""
         self.native_head = None
-        if (self.model.native is not None and head.bias is None and head.in_features % SCREEN_WIDTH == 0
-                and cpu_has("avx512_vnni")):
+        self.native_head_unavailable = self._why_not_native_head(head)
+        if self.native_head_unavailable is None:
             self.native_head = NativeHead(head.weight, load_extension())
         self.model.lm_head = pack_linear(head) if self.packed and self.native_head is None else head
+
+    def _why_not_native_head(self, head: torch.nn.Linear) -> str | None:
+        if self.model.native is None:
+            return f"the native body does not run ({self.native_unavailable})"
+        if head.bias is not None:
+            return "the output head has a bias"
+        if head.in_features % SCREEN_WIDTH:
+            return f"hidden size {head.in_features} is not a multiple of {SCREEN_WIDTH}"
+        if not cpu_has("avx512_vnni"):
+            return "this CPU lacks AVX512-VNNI"
+        return None
+
+    @property
+    def kernels(self) -> dict[str, str]:
+        """Which kernels run: {"body": ..., "head": ...}, each "native" or "pytorch: <why>" (for reports)."""
+        return {"body": "native" if self.native_unavailable is None else f"pytorch: {self.native_unavailable}",
+                "head": "native" if self.native_head is not None else f"pytorch: {self.native_head_unavailable}"}
 
     @torch.inference_mode()
     def forward(self, rows: list[int], input_ids: torch.Tensor, num_new: list[int] | None = None) -> torch.Tensor:

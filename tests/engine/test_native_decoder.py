@@ -2,8 +2,10 @@
 batch shapes, and so greedy speculative decoding with it equals the target alone token for token in bf16."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -11,7 +13,8 @@ import torch
 from anydraft.config import SamplingParams
 from anydraft.model.config import ModelConfig
 from anydraft.model.loader import load_model, resolve_model_path
-from anydraft.model.native_extension import _build_dir, why_not_native
+from anydraft.model import native_extension
+from anydraft.model.native_extension import _build_dir, why_not_hardware, why_not_native
 from anydraft.model.runner import ModelRunner
 
 from tiny_models import TOKENIZERS, gsm8k_questions, make_checkpoint
@@ -19,8 +22,9 @@ from tiny_models import TOKENIZERS, gsm8k_questions, make_checkpoint
 CPU = torch.device("cpu")
 ELIGIBLE = ModelConfig(architecture="LlamaForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-REASON = why_not_native(ELIGIBLE, CPU, torch.bfloat16)
-needs_native = pytest.mark.skipif(REASON is not None, reason=f"native decoder unavailable: {REASON}")
+# Only the hardware may skip the native tests: on a CPU with AVX-512 a failed build fails them.
+HARDWARE = why_not_hardware()
+needs_native = pytest.mark.skipif(HARDWARE is not None, reason=f"native kernels cannot run here: {HARDWARE}")
 
 # hidden 64 with 4 heads: head_dim 16, the smallest size the kernels take; the three attention variants.
 ARCHS = {"LlamaForCausalLM": "llama2", "Qwen2ForCausalLM": "gpt2", "Qwen3ForCausalLM": "qwen3"}
@@ -38,8 +42,18 @@ def native_ckpts(tmp_path_factory):
 def _runner(path, monkeypatch, native: bool) -> ModelRunner:
     monkeypatch.setenv("ANYDRAFT_NATIVE", "1" if native else "0")
     runner = ModelRunner.load(path, torch.bfloat16, CPU, max_batch=2, max_len=64)
-    assert (runner.native_unavailable is None) == native
+    assert (runner.native_unavailable is None) == native, runner.native_unavailable
     return runner
+
+
+@needs_native
+def test_runner_reports_which_kernels_run(native_ckpts, monkeypatch):
+    assert _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=True).kernels == {
+        "body": "native", "head": "native" if native_extension.cpu_has("avx512_vnni") else
+        "pytorch: this CPU lacks AVX512-VNNI"}
+    assert _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=False).kernels == {
+        "body": "pytorch: turned off by ANYDRAFT_NATIVE=0",
+        "head": "pytorch: the native body does not run (turned off by ANYDRAFT_NATIVE=0)"}
 
 
 def test_why_not_native_names_the_reason(monkeypatch):
@@ -48,6 +62,68 @@ def test_why_not_native_names_the_reason(monkeypatch):
     assert "bfloat16 on CPU" in why_not_native(ELIGIBLE, CPU, torch.float32)
     monkeypatch.setenv("ANYDRAFT_NATIVE", "0")
     assert "ANYDRAFT_NATIVE=0" in why_not_native(ELIGIBLE, CPU, torch.bfloat16)
+
+
+def test_build_dir_is_keyed_on_the_cpu_feature_flags(monkeypatch):
+    """A VM can hide AVX-512 under the same CPU model name: its binary must not be the cached one."""
+    fields = {"model name": "Some CPU @ 2.0GHz", "flags": "fpu sse2 avx2 avx512f avx512bw avx512_vnni"}
+    monkeypatch.setattr(native_extension, "_cpuinfo", lambda field: fields.get(field, ""))
+    full = _build_dir()
+    assert _build_dir() == full
+    fields["flags"] = "fpu sse2 avx2"
+    assert _build_dir() != full and _build_dir().parent == full.parent
+
+
+def _run_python(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env}, cwd=os.getcwd())
+
+
+@needs_native
+def test_a_failed_build_is_tried_once_and_reported_once_with_the_compilers_message(tmp_path):
+    """A compiler that fails (here a stand-in printing two lines): one attempt per process, its whole message on
+    stderr once, and every runner says the body and head run on PyTorch, and why."""
+    compiler = tmp_path / "failing-c++"
+    compiler.write_text("#!/bin/sh\ncase \" $* \" in *' -c '*) ;; *) exec c++ \"$@\";; esac\n"   # compiles fail
+                        "echo 'fake.cpp:1: error: first line of the reason' >&2\n"
+                        "echo 'fake.cpp:2: note: second line of the reason' >&2\necho called >> \"$0.calls\"\nexit 1\n")
+    compiler.chmod(0o755)
+    done = _run_python("""
+        import torch
+        from anydraft.model.runner import ModelRunner
+        from tiny_models import TOKENIZERS, make_checkpoint
+        path = make_checkpoint(__import__("pathlib").Path(%r) / "ckpt", "Qwen3ForCausalLM", TOKENIZERS / "qwen3",
+                               151936, hidden=64, layers=1, heads=4, kv_heads=2, seed=1)
+        for _ in range(2):
+            runner = ModelRunner.load(path, torch.bfloat16, torch.device("cpu"), max_batch=1, max_len=8)
+            print(runner.kernels)
+        """ % str(tmp_path), CXX=str(compiler), ANYDRAFT_NATIVE_DIR=str(tmp_path / "native"),
+        PYTHONPATH=os.pathsep.join([str(__import__("pathlib").Path(__file__).parent), os.getcwd()]))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("did not build") == 1, done.stderr
+    calls = compiler.with_name(compiler.name + ".calls").read_text().split()
+    assert 1 <= len(calls) <= len(native_extension.SOURCES)   # one build: at most one compile per source
+    # the compiler's whole message, once per compile of that one build
+    assert done.stderr.count("first line of the reason") == done.stderr.count("second line of the reason") == len(calls)
+    reports = [eval(line) for line in done.stdout.splitlines()]
+    assert len(reports) == 2 and all(r["body"].startswith("pytorch: the extension did not build") for r in reports)
+    assert all(r["head"].startswith("pytorch: the native body does not run") for r in reports)
+
+
+def test_the_build_finds_ninja_off_path():
+    """The `ninja` package's binary sits in the environment's scripts folder, which is not on PATH when the
+    environment is used without activation: the build puts it there (torch looks ninja up on PATH)."""
+    pytest.importorskip("ninja")
+    done = _run_python("""
+        import os
+        from torch.utils.cpp_extension import is_ninja_available
+        from anydraft.model.native_extension import _ninja_on_path
+        assert not is_ninja_available(), "ninja found on a PATH without it"
+        with _ninja_on_path():
+            assert is_ninja_available()
+        assert not is_ninja_available() and os.environ["PATH"] == "/nonexistent"
+        """, PATH="/nonexistent")
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @needs_native
