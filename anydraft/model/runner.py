@@ -60,13 +60,6 @@ class ModelRunner:
         return runner
 
     @property
-    def kernels(self) -> dict:
-        """Which kernels this model runs on: the body ("native" or "pytorch: why") and the output head."""
-        body = "native" if self.native_unavailable is None else f"pytorch: {self.native_unavailable}"
-        head = "native (int8-screened greedy, bf16 logits)" if self.native_head is not None else "pytorch"
-        return {"body": body, "head": head}
-
-    @property
     def vocab_rows(self) -> int:
         """Embedding rows (the model's vocabulary size as config.json states it)."""
         return self.cfg.vocab_size
