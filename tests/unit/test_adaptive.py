@@ -1,0 +1,75 @@
+"""Adaptive speculation's choice of k from acceptance estimates and a step cost model (no model involved)."""
+from __future__ import annotations
+
+import pytest
+
+from anydraft.spec_decode.adaptive import AcceptanceEstimate, AdaptiveSpeculation, LinearCost
+
+
+def test_linear_cost_recovers_a_line():
+    cost = LinearCost()
+    for tokens in (1, 4, 16, 64, 1, 4, 16, 64):
+        cost.observe(tokens, 0.002 + 0.0005 * tokens)
+    assert cost.seconds(32) == pytest.approx(0.002 + 0.0005 * 32, rel=1e-6)
+    assert LinearCost().seconds(10) == 0.0   # nothing measured yet
+
+
+def test_expected_tokens_multiplies_conditional_rates():
+    estimate = AcceptanceEstimate(3)
+    for _ in range(2000):            # position 1 always accepted, position 2 never
+        estimate.observe(3, [1])
+    rates = estimate.rates()
+    assert rates[0] > 0.97 and rates[1] < 0.03   # ~50 steps of evidence (decay 0.98) against one of prior
+    assert estimate.expected_tokens(0) == 1.0
+    assert estimate.expected_tokens(1) == pytest.approx(1 + rates[0])
+    assert estimate.expected_tokens(3) == pytest.approx(1 + rates[0] + rates[0] * rates[1]
+                                                        + rates[0] * rates[1] * rates[2])
+
+
+def _calibrated(target_c0, target_c1, draft_c0, draft_c1, accept_all: bool, max_k: int = 5) -> AdaptiveSpeculation:
+    spec = AdaptiveSpeculation(max_k)
+    for tokens in (1, 2, 4, 8, 16, 32, 64, 96):
+        spec.target_cost.observe(tokens, target_c0 + target_c1 * tokens)
+    for rows in (1, 4, 16):
+        spec.draft_cost.observe(rows, draft_c0 + draft_c1 * rows)
+    for _ in range(500):
+        spec.acceptance.observe(max_k, [max_k if accept_all else 0])
+    return spec
+
+
+def test_bandwidth_bound_target_and_good_draft_drafts_the_most():
+    # A target forward costs the same for 1 or 6 tokens (weights read once), a draft is 50x cheaper.
+    spec = _calibrated(0.050, 0.0, 0.001, 0.0, accept_all=True)
+    assert spec.choose(rows=1) == 5
+
+
+def test_compute_bound_batch_does_not_speculate():
+    # At 16 rows the target's cost grows with every token it reads: verifying drafts costs as much as decoding.
+    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)
+    assert spec.choose(rows=16) == 0
+    assert spec.history == {0: 1}
+
+
+def test_a_draft_that_is_never_accepted_is_not_used():
+    spec = _calibrated(0.050, 0.0, 0.001, 0.0, accept_all=False)
+    assert spec.choose(rows=1) == 0
+
+
+def test_evidence_fades_so_a_draft_is_tried_again():
+    """Steps without drafting still decay the old rejections toward the prior: the draft is eventually retried
+    (the text may have changed), rather than never again."""
+    spec = _calibrated(0.050, 0.0, 0.001, 0.0, accept_all=False)
+    chosen = []
+    for _ in range(400):
+        k = spec.choose(rows=1)
+        chosen.append(k)
+        spec.observe_step(1, k, [0], draft_seconds=0.001 * k, target_seconds=0.050, host_seconds=0.0)
+    assert chosen[0] == 0 and any(k > 0 for k in chosen)
+
+
+def test_observe_step_refreshes_costs():
+    spec = AdaptiveSpeculation(3)
+    spec.observe_step(rows=2, k=3, num_accepted=[3, 1], draft_seconds=0.006, target_seconds=0.04, host_seconds=0.001)
+    assert spec.draft_cost.seconds(2) == pytest.approx(0.002)
+    assert spec.target_cost.seconds(8) == pytest.approx(0.04)
+    assert spec.acceptance.tried[:3] == [2.0, 2.0, 1.0] and spec.acceptance.accepted[:3] == [2.0, 1.0, 1.0]
