@@ -8,7 +8,7 @@ import torch
 from ..model.runner import ModelRunner
 from ..tensors import host_to_device
 from .draft_vocab import DraftVocab
-from .proposer import Proposal, SamplingBatch
+from .proposer import Proposal, SamplingBatch, empty_proposal
 from .sampling import draw_exponentials, logits_to_probs, sample_from_probs
 
 FULL_ROW_PROPOSAL = 0  # target id proposed by a row whose draft cache is full (any id would do: it is verified)
@@ -25,6 +25,7 @@ class DraftModelProposer:
         self.runner = runner
         self.vocab = vocab
         self.num_speculative_tokens = num_speculative_tokens
+        self.num_proposed = 0   # k of the last propose: what the draft cache holds beyond draft_ids (observe)
         self.states: dict[int, object] = {}
         self.unfilled_rows: list[int] = []  # rows added since the last propose, prompt not in the cache yet
         self.device = runner.device
@@ -52,8 +53,11 @@ class DraftModelProposer:
             self.runner.cache.truncate(row, cached)
         return draft_ids[cached:]
 
-    def propose(self, rows: list[int], sampling: SamplingBatch | None) -> Proposal:
-        k, runner = self.num_speculative_tokens, self.runner
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+        k = self.num_speculative_tokens if num_tokens is None else num_tokens
+        runner, self.num_proposed = self.runner, k
+        if k == 0:   # a plain target step: nothing to write; the draft catches up on the text at its next propose
+            return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
         if self.unfilled_rows:
             # One padded forward over the prompts of the rows that joined (all but their last token).
             fits = [r for r in self.unfilled_rows if len(self.states[r].draft_ids) + k - 1 <= runner.cache.max_len]
@@ -66,7 +70,7 @@ class DraftModelProposer:
         # which verification handles like any proposal, so the output stays the target's.
         live = [i for i, (r, p) in enumerate(zip(rows, pending)) if len(p) + k - 1 <= runner.cache.room(r)]
         if len(live) == len(rows):
-            return self._draft(rows, pending, sampling)
+            return self._draft(rows, pending, sampling, k)
         batch = len(rows)
         draft_target_ids = torch.full((batch, k), FULL_ROW_PROPOSAL, dtype=torch.long, device=self.device)
         draft_probs = None
@@ -80,16 +84,16 @@ class DraftModelProposer:
                 top_k=None if sampling.top_k is None else sampling.top_k[index],
                 top_p=None if sampling.top_p is None else sampling.top_p[index],
                 randoms=[sampling.randoms[i] for i in live])
-            drafted = self._draft([rows[i] for i in live], [pending[i] for i in live], live_sampling)
+            drafted = self._draft([rows[i] for i in live], [pending[i] for i in live], live_sampling, k)
             draft_target_ids[index] = drafted.draft_target_ids
             if draft_probs is not None:
                 draft_probs = draft_probs.to(drafted.draft_probs.dtype)
                 draft_probs[index] = drafted.draft_probs
         return Proposal(draft_target_ids, draft_probs)
 
-    def _draft(self, rows: list[int], pending: list[list[int]], sampling: SamplingBatch | None) -> Proposal:
+    def _draft(self, rows: list[int], pending: list[list[int]], sampling: SamplingBatch | None, k: int) -> Proposal:
         """Feed each row's pending draft ids, then write k tokens (k - 1 more single-token forwards)."""
-        k, runner = self.num_speculative_tokens, self.runner
+        runner = self.runner
         lengths = [len(p) for p in pending]
         width = max(lengths)
         draft_input = host_to_device([p + [0] * (width - len(p)) for p in pending], self.device, torch.long)
@@ -114,13 +118,13 @@ class DraftModelProposer:
         return Proposal(self.vocab.to_target(head_rows_t), draft_probs)
 
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
-        k = self.num_speculative_tokens
+        k = self.num_proposed
         for row, accepted, target_ids in zip(rows, num_accepted, new_target_ids):
             state = self.states[row]
             num_before = len(state.draft_ids)
             # After propose the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host.
             # After add_request (the first token, accepted 0) it holds nothing yet: the prefill comes at propose.
-            fed_accepted = [self.vocab.sync.draft_id_of(t) for t in target_ids[:min(accepted, k - 1)]]
+            fed_accepted = [self.vocab.sync.draft_id_of(t) for t in target_ids[:min(accepted, max(k - 1, 0))]]
             num_dropped = self.vocab.sync.extend(state, target_ids)
             keep = num_before - num_dropped
             while (keep - num_before < len(fed_accepted) and keep < len(state.draft_ids)

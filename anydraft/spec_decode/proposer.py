@@ -22,6 +22,12 @@ class Proposal:
     draft_probs: torch.Tensor | None        # [B, k, V_target_rows] draft distribution q in target vocab; None if greedy
 
 
+def empty_proposal(batch: int, target_vocab_rows: int, sampling: bool, device: torch.device) -> Proposal:
+    """No proposals: the step verifies nothing and emits the target's own next token."""
+    probs = torch.empty((batch, 0, target_vocab_rows), device=device) if sampling else None
+    return Proposal(torch.empty((batch, 0), dtype=torch.long, device=device), probs)
+
+
 class Proposer(Protocol):
     """Proposes k target tokens per row and keeps its own state in step with the target's accepted text."""
 
@@ -30,8 +36,9 @@ class Proposer(Protocol):
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
         """A request took cache row `row`; its prompt is known both as text and as target ids."""
 
-    def propose(self, rows: list[int], sampling: SamplingBatch | None) -> Proposal:
-        """k proposals for each of `rows` (no host sync inside)."""
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+        """num_tokens proposals (default num_speculative_tokens; 0 = none, a plain target step) for each of
+        `rows` (no host sync inside)."""
 
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
         """new_target_ids[i]: the tokens appended to row i's target sequence since the last call. After
@@ -54,10 +61,8 @@ class NoDraftProposer:
     def add_request(self, row, prompt_text, prompt_target_ids):
         pass
 
-    def propose(self, rows, sampling):
-        empty_ids = torch.empty((len(rows), 0), dtype=torch.long, device=self.device)
-        probs = None if sampling is None else torch.empty((len(rows), 0, self.target_vocab_rows), device=self.device)
-        return Proposal(empty_ids, probs)
+    def propose(self, rows, sampling, num_tokens=None):
+        return empty_proposal(len(rows), self.target_vocab_rows, sampling is not None, self.device)
 
     def observe(self, rows, num_accepted, new_target_ids):
         pass
