@@ -1,6 +1,7 @@
 """The engine: requests, cache rows (slots), and the speculative step loop."""
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -9,14 +10,19 @@ import torch
 from .config import SamplingParams
 from .metrics import SpecStats
 from .model.runner import ModelRunner
+from .output_processor import OutputProcessor, TextState
+from .scheduler import Scheduler
 from .tensors import host_to_device
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
 from .spec_decode.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
 from .spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
 from .tokenizer import Tokenizer
 
+# Target tokens per step (decoding rows' k+1 each, the rest prompt chunks) unless the caller says otherwise.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
 
-@dataclass
+
+@dataclass(eq=False)
 class Request:
     request_id: int
     prompt: str
@@ -24,43 +30,65 @@ class Request:
     params: SamplingParams
     random: RowRandom
     stats: SpecStats
+    text_state: TextState
     output_target_ids: list[int] = field(default_factory=list)
-    text: str = ""              # the completion, decoded (and cut at a stop string) once it finishes
     finish_reason: str | None = None
     stop_reason: str | int | None = None   # the stop string or EOS id that finished it
     row: int | None = None
+    num_prefilled: int = 0       # prompt tokens in the target cache (a long prompt goes in over several steps)
+    arrival: float = field(default_factory=time.perf_counter)
     started: float = 0.0
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def text(self) -> str:
+        """The completion's decided text (all of it once finished; cut before a stop string)."""
+        return self.text_state.text
+
 
 class Engine:
-    """Continuous batching over a fixed set of cache rows: requests join and leave between steps."""
+    """Continuous batching over a fixed set of cache rows: requests join and leave between steps.
 
-    def __init__(self, target: ModelRunner, tokenizer: Tokenizer, proposer: Proposer, max_model_len: int):
+    Three parts: the scheduler (rows, waiting queue, the per-step token budget), the step (prefill chunks,
+    then propose -> verify -> rewind -> observe), and the output processor (finish reasons, text).
+    """
+
+    def __init__(self, target: ModelRunner, tokenizer: Tokenizer, proposer: Proposer, max_model_len: int,
+                 max_num_batched_tokens: int | None = None):
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.k = proposer.num_speculative_tokens
         # Prompt + output tokens per request. The target cache holds all but the last of them plus the k+1 of a
         # verification forward, so it needs max_model_len + k entries (LLM allocates that): then speculative
         # and target-alone decoding stop at the same length.
         self.max_model_len = min(max_model_len, target.cache.max_len - self.k)
-        self.free_rows = list(range(target.cache.max_batch))[::-1]
-        self.waiting: list[Request] = []
-        self.running: dict[int, Request] = {}            # row -> request
+        max_num_seqs = target.cache.max_batch
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, 2 * max_num_seqs * (self.k + 1))
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, self.k + 1)
+        self.output = OutputProcessor(tokenizer, self.max_model_len)
         self.last_target_id: dict[int, int] = {}         # row -> the one token not yet in the target cache
         self.stats = SpecStats(self.k)
-        self.eos_ids = set(tokenizer.eos_token_ids)
-        self._next_id = 0
+        self._next_id = itertools.count()
+
+    @property
+    def running(self) -> dict[int, Request]:
+        return self.scheduler.running
+
+    @property
+    def free_rows(self) -> list[int]:
+        return self.scheduler.free_rows
 
     # -- requests -------------------------------------------------------------------------------------------
-    def add_request(self, prompt: str | None, params: SamplingParams,
-                    prompt_target_ids: list[int] | None = None) -> Request:
-        """A prompt as text, or as target token ids (then its text, which the draft reads, is their decoding)."""
+    def new_request(self, prompt: str | None, params: SamplingParams, prompt_target_ids: list[int] | None = None
+                    ) -> Request:
+        """A validated request, not yet queued (safe to call from another thread than the one stepping). A prompt
+        as text, or as target token ids (then its text, which the draft reads, is their decoding)."""
         if prompt_target_ids is None:
             prompt_target_ids = self.tokenizer.encode(prompt or "")
-        else:
+        elif prompt is None:
             bad = [i for i in prompt_target_ids if not 0 <= i < self.tokenizer.vocab_size]
             if bad:
                 raise ValueError(f"prompt_token_ids has ids outside the target vocabulary "
@@ -72,49 +100,72 @@ class Engine:
             raise ValueError(f"prompt has {len(prompt_target_ids)} tokens, too long for max_model_len "
                              f"{self.max_model_len} (prompt and output together); raise max_model_len or shorten "
                              f"the prompt")
-        request = Request(self._next_id, prompt, prompt_target_ids, params, RowRandom(params.seed), SpecStats(self.k))
-        self._next_id += 1
-        self.waiting.append(request)
+        return Request(next(self._next_id), prompt, prompt_target_ids, params, RowRandom(params.seed),
+                       SpecStats(self.k), self.output.start(params))
+
+    def add_request(self, prompt: str | None, params: SamplingParams,
+                    prompt_target_ids: list[int] | None = None) -> Request:
+        request = self.new_request(prompt, params, prompt_target_ids)
+        self.scheduler.add(request)
         return request
+
+    def submit(self, request: Request) -> None:
+        """Queue a request made by new_request."""
+        self.scheduler.add(request)
 
     def abort(self, request: Request) -> None:
         """Drop a request (e.g. its client disconnected) and free its row."""
-        if request in self.waiting:
-            self.waiting.remove(request)
         request.finish_reason = request.finish_reason or "abort"
-        if request.row is not None and self.running.get(request.row) is request:
-            self._release(request)
+        if self.scheduler.remove(request):
+            self._reset_row(request)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.scheduler.has_unfinished()
 
-    def _admit(self) -> list[Request]:
-        """Move waiting requests into free rows. One padded target prefill over the prompts of all that join
-        now gives each its first token, as in vLLM and HF: no verification step is spent on it. Returns the
-        requests that this first token already finished."""
-        admitted = []
-        while self.waiting and self.free_rows:
-            request, row = self.waiting.pop(0), self.free_rows.pop()
-            request.row, request.started = row, time.perf_counter()
-            self.target.cache.reset(row)
-            self.running[row] = request
-            admitted.append(request)
-        if not admitted:
+    # -- the step ----------------------------------------------------------------------------------------------
+    def step(self) -> list[Request]:
+        """Prompt chunks of joining requests, then one speculative step over the decoding rows; returns the
+        requests that got output in it (finished ones included)."""
+        scheduled = self.scheduler.schedule()
+        t0 = time.perf_counter()
+        updated = self._prefill(scheduled.prefill) if scheduled.prefill else []
+        prefill_seconds = time.perf_counter() - t0   # target work that every request of the step waited through
+        for stats in [self.stats] + [r.stats for r, _ in scheduled.prefill] + [r.stats for r in scheduled.decode]:
+            stats.target_seconds += prefill_seconds
+        if scheduled.decode:
+            updated += self._speculate(scheduled.decode)
+        return updated
+
+    def _prefill(self, chunks: list[tuple[Request, int]]) -> list[Request]:
+        """Put each chunk in its row's target cache (one right-padded forward). A request whose prompt is now
+        complete gets its first token from the hidden state at its last prompt token, as in vLLM and HF (no
+        verification step is spent on it), and joins the proposer."""
+        for request, _ in chunks:
+            if request.num_prefilled == 0:
+                request.started = time.perf_counter()
+                self.target.cache.reset(request.row)
+        pieces = [r.prompt_target_ids[r.num_prefilled:r.num_prefilled + n] for r, n in chunks]
+        last_hidden = self.target.prefill_rows([r.row for r, _ in chunks], pieces, chunk=max(map(len, pieces)))
+        complete = []
+        for i, (request, n) in enumerate(chunks):
+            request.num_prefilled += n
+            if request.num_prefilled == len(request.prompt_target_ids):
+                complete.append(i)
+        if not complete:
             return []
-        last_hidden = self.target.prefill_rows([r.row for r in admitted], [r.prompt_target_ids for r in admitted])
-        first_target_ids = self._first_target_ids(admitted, last_hidden)
-        finished, joined = [], []
+        admitted = [chunks[i][0] for i in complete]
+        first_target_ids = self._first_target_ids(admitted, last_hidden[complete])
+        joined = []
         for request, target_id in zip(admitted, first_target_ids):
             self.last_target_id[request.row] = target_id
             self._append(request, target_id)
             if request.finished:
                 self._release(request)
-                finished.append(request)
             else:
                 self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
                 joined.append(request)
         self.proposer.observe([r.row for r in joined], [0] * len(joined), [[self.last_target_id[r.row]] for r in joined])
-        return finished
+        return admitted
 
     def _first_target_ids(self, requests: list[Request], last_hidden: torch.Tensor) -> list[int]:
         """Each request's first token from the target's hidden state at its last prompt token [A, 1, hidden].
@@ -128,23 +179,18 @@ class Engine:
         return sample_from_probs(target_probs, noise[:, None].to(target_probs)).flatten().tolist()
 
     def _release(self, request: Request) -> None:
-        row = request.row
-        del self.running[row]
-        self.last_target_id.pop(row, None)
-        self.target.cache.reset(row)
-        self.proposer.remove_request(row)
-        self.free_rows.append(row)
+        self.scheduler.remove(request)
+        self._reset_row(request)
         request.stats.wall_seconds = time.perf_counter() - request.started
 
-    # -- the step ----------------------------------------------------------------------------------------------
-    def step(self) -> list[Request]:
-        """One speculative step over every running row; returns the requests that finished in it."""
-        t_admit = time.perf_counter()
-        finished = self._admit()                                           # target prefill -> first tokens
-        rows = sorted(self.running)
-        if not rows:
-            return finished
-        step_requests = [self.running[r] for r in rows]
+    def _reset_row(self, request: Request) -> None:
+        self.last_target_id.pop(request.row, None)
+        self.target.cache.reset(request.row)
+        self.proposer.remove_request(request.row)
+
+    def _speculate(self, step_requests: list[Request]) -> list[Request]:
+        """One speculative step over the decoding rows; returns them (each got at least one token)."""
+        rows = [r.row for r in step_requests]
         t0 = time.perf_counter()
         sampling = self._sampling_batch(step_requests)
         proposal = self.proposer.propose(rows, sampling)                                   # [B, k] target ids
@@ -155,14 +201,14 @@ class Engine:
         num_accepted, new_target_ids = self._fetch_to_host(verdict)                        # the one sync
         self.target.cache.rewind(rows, [self.k - n for n in num_accepted])
         self.proposer.observe(rows, num_accepted, new_target_ids)
-        finished += self._record(rows, num_accepted, new_target_ids)
+        self._record(step_requests, num_accepted, new_target_ids)
         t3 = time.perf_counter()
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0
-            stats.target_seconds += (t2 - t1) + (t0 - t_admit)
+            stats.target_seconds += t2 - t1
             stats.other_seconds += t3 - t2
-        return finished
+        return step_requests
 
     def _target_forward(self, rows: list[int], proposal: Proposal, sampling: SamplingBatch | None) -> torch.Tensor:
         """The target over [last verified token, k drafts]: its greedy ids [B, k+1] when every row is greedy
@@ -207,59 +253,27 @@ class Engine:
             randoms=[None if r.params.greedy else r.random for r in requests])   # greedy rows draw no noise
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
-    def _record(self, rows, num_accepted, new_target_ids) -> list[Request]:
-        finished = []
-        for row, accepted, target_ids in zip(rows, num_accepted, new_target_ids):
-            request = self.running[row]
+    def _record(self, step_requests: list[Request], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
+        for request, accepted, target_ids in zip(step_requests, num_accepted, new_target_ids):
             request.stats.observe_step(accepted)
             self.stats.observe_step(accepted)
-            self.last_target_id[row] = target_ids[-1]
+            self.last_target_id[request.row] = target_ids[-1]
             for target_id in target_ids:
                 self._append(request, target_id)
                 if request.finished:
+                    self._release(request)
                     break
-            if request.finished:
-                self._release(request)
-                finished.append(request)
-        return finished
 
     def _append(self, request: Request, target_id: int) -> None:
-        request.output_target_ids.append(target_id)
         request.stats.num_emitted += 1
         self.stats.num_emitted += 1
-        params = request.params
-        if target_id in self.eos_ids and not params.ignore_eos:
-            request.finish_reason, request.stop_reason = "stop", target_id
-        elif (len(request.output_target_ids) >= params.max_tokens
-              or len(request.prompt_target_ids) + len(request.output_target_ids) >= self.max_model_len):
-            request.finish_reason = "length"
-        if params.stop and not request.finished and self._tail_has_stop(request):
-            request.finish_reason = "stop"
-        if request.finished:
-            request.text = self.tokenizer.decode(request.output_target_ids)
-            for stop in params.stop:
-                cut = request.text.find(stop)
-                if cut >= 0:
-                    request.text = request.text[:cut]
-                    request.finish_reason, request.stop_reason = "stop", stop
-
-    def _tail_has_stop(self, request: Request) -> bool:
-        """Whether a stop string has appeared, decoding only the last few tokens (a stop string of L chars
-        spans at most 4L tokens of >= 1 byte each): per-token checks stay O(1), not O(output length)."""
-        stops = request.params.stop
-        window = 4 * max(len(stop) for stop in stops) + 8
-        tail = self.tokenizer.decode(request.output_target_ids[-window:])
-        if not any(stop in tail for stop in stops):
-            return False
-        # The tail decode can differ from the full text at its first characters; confirm on the full text.
-        text = self.tokenizer.decode(request.output_target_ids)
-        return any(stop in text for stop in stops)
+        self.output.append(request, target_id)      # finish reasons (EOS, length, stop string) and text
 
     def run(self, progress=None) -> None:
         """Step until every request has finished."""
         start = time.perf_counter()
         while self.has_unfinished():
-            done = self.step()
+            done = [r for r in self.step() if r.finished]
             if progress is not None and done:
                 progress(len(done))
         self.stats.wall_seconds += time.perf_counter() - start

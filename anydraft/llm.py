@@ -36,7 +36,7 @@ class LLM:
 
     def __init__(self, model: str = DEFAULT_TARGET, speculative_config: dict | SpeculativeConfig | None = None,
                  dtype: str = "bfloat16", device: str | None = None, max_model_len: int = 2048,
-                 max_num_seqs: int = 8, tokenizer: str | None = None):
+                 max_num_seqs: int = 8, tokenizer: str | None = None, max_num_batched_tokens: int | None = None):
         self.engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype,
                                           device=device)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
@@ -52,7 +52,7 @@ class LLM:
         else:
             self.proposer, self.draft_info = build_proposer(self.speculative_config, self.target, self.tokenizer,
                                                             max_num_seqs, max_model_len)
-        self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len)
+        self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len, max_num_batched_tokens)
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  progress=None) -> list[RequestOutput]:

@@ -1,0 +1,107 @@
+"""The output processor: each request's new target ids -> its text, incrementally, with stop strings held back.
+
+Text comes from the tokens' bytes through an incremental UTF-8 decoder, so the output is never re-decoded
+per token, and a character split across tokens (byte-level BPE pieces that are partial UTF-8) appears only
+once its last byte has arrived. Text that may still turn into a stop string is held back until decided, so a
+stream never shows a stop string or text past it. Special tokens (EOS...) add no text, as
+`decode(skip_special_tokens=True)` does. The result is the continuation's own bytes: a SentencePiece
+continuation keeps its leading space (as vLLM's completions do), where decoding the output alone drops it.
+"""
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass, field
+
+from .tokenizer import Tokenizer
+
+
+class IncrementalDetokenizer:
+    """Target ids -> text one token at a time; incomplete UTF-8 at the end is held until it completes."""
+
+    def __init__(self, token_bytes: list[bytes | None], skip_ids: frozenset[int]):
+        self._token_bytes, self._skip_ids = token_bytes, skip_ids
+        # errors="replace": invalid bytes become U+FFFD, as the tokenizers library's decode does.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, target_id: int) -> str:
+        if target_id in self._skip_ids or target_id >= len(self._token_bytes):
+            return ""
+        return self._decoder.decode(self._token_bytes[target_id] or b"")
+
+    def flush(self) -> str:
+        """The output ended: bytes of an unfinished character become U+FFFD."""
+        return self._decoder.decode(b"", final=True)
+
+
+@dataclass
+class TextState:
+    """One request's text: `text` is decided (safe to stream); `held` may still begin a stop string."""
+    detokenizer: IncrementalDetokenizer
+    stops: list[str]
+    text: str = ""
+    held: str = ""
+    sent_chars: int = 0           # how much of `text` and of the output ids `take_delta` has handed out
+    sent_tokens: int = 0
+    stopped_by: str | None = None  # the stop string found
+    max_stop_chars: int = field(init=False)
+
+    def __post_init__(self):
+        self.max_stop_chars = max((len(s) for s in self.stops), default=0)
+
+    def feed(self, new_text: str) -> bool:
+        """Add decoded text; True when a stop string completed (the text is then cut before it)."""
+        pending = self.held + new_text
+        if not self.stops:
+            self.text, self.held = self.text + pending, ""
+            return False
+        # `held` is the longest suffix that begins some stop string, so a stop string ending in the new
+        # text starts inside `pending`: searching it is enough.
+        found = [(at, stop) for at, stop in ((pending.find(stop), stop) for stop in self.stops) if at >= 0]
+        if found:
+            at, self.stopped_by = min(found)
+            self.text, self.held = self.text + pending[:at], ""
+            return True
+        keep = next((n for n in range(min(len(pending), self.max_stop_chars - 1), 0, -1)
+                     if any(stop.startswith(pending[-n:]) for stop in self.stops)), 0)
+        self.text, self.held = self.text + pending[:len(pending) - keep], pending[len(pending) - keep:]
+        return False
+
+    def close(self) -> bool:
+        """The output ended without a stop string so far: decide what was held. True if the final bytes
+        complete a stop string after all."""
+        stopped = self.feed(self.detokenizer.flush())
+        self.text, self.held = self.text + self.held, ""
+        return stopped
+
+
+class OutputProcessor:
+    """Appends target ids to requests, decides finish reasons (EOS, length, stop string) and makes text."""
+
+    def __init__(self, tokenizer: Tokenizer, max_model_len: int):
+        self.token_bytes = tokenizer.token_table.token_bytes
+        self.skip_ids = frozenset(tokenizer.special_ids)
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.max_model_len = max_model_len
+
+    def start(self, params) -> TextState:
+        return TextState(IncrementalDetokenizer(self.token_bytes, self.skip_ids), list(params.stop))
+
+    def append(self, request, target_id: int) -> None:
+        """One more output token; sets request.finish_reason when this token ends the request."""
+        request.output_target_ids.append(target_id)
+        params, state = request.params, request.text_state
+        if target_id in self.eos_ids and not params.ignore_eos:
+            request.finish_reason, request.stop_reason = "stop", target_id
+        elif (len(request.output_target_ids) >= params.max_tokens
+              or len(request.prompt_target_ids) + len(request.output_target_ids) >= self.max_model_len):
+            request.finish_reason = "length"
+        if state.feed(state.detokenizer.add(target_id)) or (request.finish_reason is not None and state.close()):
+            request.finish_reason, request.stop_reason = "stop", state.stopped_by
+
+    @staticmethod
+    def take_delta(request) -> tuple[str, list[int]]:
+        """Decided text and output ids not handed out before (what a stream sends next)."""
+        state = request.text_state
+        text, target_ids = state.text[state.sent_chars:], request.output_target_ids[state.sent_tokens:]
+        state.sent_chars, state.sent_tokens = len(state.text), len(request.output_target_ids)
+        return text, target_ids
