@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server: protocol, API server, async engine wrapper, metrics."""

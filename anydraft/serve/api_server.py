@@ -1,0 +1,270 @@
+"""The OpenAI-compatible HTTP API (FastAPI on uvicorn): translates requests and streams to the async engine.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (both with stream: true as server-sent events
+ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text). The model loads in a
+background thread after the socket is up; until it is ready every endpoint but /metrics answers 503.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..tokenizer import TokenizerError
+from .async_engine import AsyncEngine, RequestDelta
+from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from .protocol import ApiError, ChatCompletionRequest, CompletionRequest
+
+logger = logging.getLogger("anydraft.serve")
+
+
+@dataclass
+class ServeConfig:
+    """What `anydraft serve` loads and how it answers (vLLM's names)."""
+    model: str
+    speculative_config: dict | None
+    served_model_name: str
+    dtype: str = "bfloat16"
+    device: str | None = None
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    api_key: str | None = None
+    llm_kwargs: dict = field(default_factory=dict)
+
+
+class ServerState:
+    """The loaded model, or why it is not there yet."""
+
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.engine: AsyncEngine | None = None
+        self.tokenizer = None
+        self.load_error: str | None = None
+        k = (config.speculative_config or {}).get("num_speculative_tokens", 3) if config.speculative_config else 0
+        self.metrics = ServerMetrics(config.served_model_name, k)
+
+    def load(self) -> None:
+        from ..llm import LLM
+        c = self.config
+        try:
+            llm = LLM(model=c.model, speculative_config=c.speculative_config, dtype=c.dtype, device=c.device,
+                      max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
+                      max_num_batched_tokens=c.max_num_batched_tokens, **c.llm_kwargs)
+        except Exception as e:
+            self.load_error = f"{type(e).__name__}: {e}"
+            logger.exception("loading the model failed")
+            return
+        self.tokenizer = llm.tokenizer
+        engine = AsyncEngine(llm.engine, self.metrics)
+        engine.start()
+        self.engine = engine
+        logger.info("ready: %s (%s)", c.served_model_name, llm.draft_info.get("vocab_mode") or "target alone")
+
+    def ready(self) -> AsyncEngine:
+        if self.engine is None:
+            raise ApiError(503, f"the model failed to load: {self.load_error}" if self.load_error
+                           else "the model is still loading; retry shortly")
+        return self.engine
+
+
+def create_app(config: ServeConfig, load_in_background: bool = True) -> FastAPI:
+    state = ServerState(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loader = threading.Thread(target=state.load, name="anydraft-load", daemon=True)
+        loader.start()
+        if not load_in_background:
+            await asyncio.to_thread(loader.join)
+        yield
+        if state.engine is not None:
+            await asyncio.to_thread(state.engine.stop)
+
+    app = FastAPI(title="anydraft", lifespan=lifespan)
+    app.state.anydraft = state
+
+    @app.exception_handler(ApiError)
+    async def api_error(_, e: ApiError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        message = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
+                            for err in e.errors())
+        return JSONResponse(ApiError(400, message or "invalid request", where).body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_, e: StarletteHTTPException):
+        return JSONResponse(ApiError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if config.api_key and request.url.path.startswith("/v1"):
+            if request.headers.get("authorization", "") != f"Bearer {config.api_key}":
+                return JSONResponse(ApiError(401, "invalid or missing API key (Authorization: Bearer ...)").body(),
+                                    status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        state.ready()
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        state.ready()
+        return {"object": "list", "data": [{"id": config.served_model_name, "object": "model", "created": 0,
+                                            "owned_by": "anydraft", "root": config.model,
+                                            "max_model_len": state.engine.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request):
+        engine = _checked(state, body)
+        prompt = body.prompt_text()
+        prompt_ids = state.tokenizer.encode(prompt) if prompt else []
+        return await _serve(state, engine, body, raw, prompt, prompt_ids, body.max_tokens, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request):
+        engine = _checked(state, body)
+        if state.tokenizer.chat_template is None:
+            raise ApiError(400, f"this model's tokenizer ({config.model}) has no chat template, so chat completions "
+                                f"cannot be formatted; use /v1/completions")
+        try:
+            prompt = state.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
+        except TokenizerError as e:
+            raise ApiError(400, str(e), "messages") from e
+        prompt_ids = state.tokenizer.encode(prompt, add_special_tokens=False)
+        return await _serve(state, engine, body, raw, prompt, prompt_ids, body.requested_max_tokens, chat=True)
+
+    return app
+
+
+def _checked(state: ServerState, body) -> AsyncEngine:
+    engine = state.ready()
+    name = state.config.served_model_name
+    if body.model is not None and body.model not in (name, state.config.model):
+        raise ApiError(404, f"the model '{body.model}' does not exist; this server serves '{name}'", "model")
+    body.refuse_unsupported()
+    return engine
+
+
+async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, prompt: str, prompt_ids: list[int],
+                 max_tokens: int | None, chat: bool):
+    max_model_len = engine.max_model_len
+    if prompt_ids and len(prompt_ids) < max_model_len:
+        room = max_model_len - len(prompt_ids)
+        if max_tokens is not None and max_tokens > room:
+            raise ApiError(400, f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+                                f"{len(prompt_ids)} and max_tokens asks for {max_tokens} more; lower max_tokens to "
+                                f"at most {room} or shorten the prompt", "max_tokens")
+        max_tokens = room if max_tokens is None else max_tokens
+    try:
+        requests = [engine.new_request(prompt, body.sampling_params(max_tokens or 1, i), prompt_ids)
+                    for i in range(body.n)]
+    except ValueError as e:
+        raise ApiError(400, str(e), "messages" if chat else "prompt") from e
+    reply = _Reply(state.config.served_model_name, chat, {r.request_id: i for i, r in enumerate(requests)},
+                   len(prompt_ids))
+    deltas = engine.stream(requests)
+    if body.stream:
+        return StreamingResponse(reply.sse(deltas, body.include_usage), media_type="text/event-stream")
+    return await reply.whole(deltas, raw)
+
+
+class _Reply:
+    """One response (n choices) in the OpenAI shape, whole or as server-sent events."""
+
+    def __init__(self, model: str, chat: bool, index_of: dict[int, int], num_prompt_tokens: int):
+        self.model, self.chat, self.index_of = model, chat, index_of
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.num_prompt_tokens = num_prompt_tokens
+        self.num_output_tokens = {i: 0 for i in index_of.values()}
+
+    def _usage(self) -> dict:
+        completion = sum(self.num_output_tokens.values())
+        return {"prompt_tokens": self.num_prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.num_prompt_tokens + completion}
+
+    def _head(self, chunk: bool) -> dict:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _index(self, delta: RequestDelta) -> int:
+        index = self.index_of[delta.request_id]
+        self.num_output_tokens[index] = delta.num_output_tokens
+        if delta.error:
+            raise ApiError(500, delta.error)
+        return index
+
+    async def sse(self, deltas, include_usage: bool):
+        first = set()
+        try:
+            async for delta in deltas:
+                index = self._index(delta)
+                if not delta.text and delta.finish_reason is None and index in first:
+                    continue   # tokens whose text is still held back (partial UTF-8, a possible stop string)
+                choice = {"index": index, "logprobs": None, "finish_reason": delta.finish_reason}
+                if self.chat:
+                    choice["delta"] = {"content": delta.text} if index in first else \
+                        {"role": "assistant", "content": delta.text}
+                else:
+                    choice["text"] = delta.text
+                if delta.spec_decode is not None:
+                    choice["spec_decode"] = delta.spec_decode
+                first.add(index)
+                chunk = {**self._head(True), "choices": [choice]}
+                if include_usage:
+                    chunk["usage"] = None
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+            if include_usage:
+                yield f"data: {json.dumps({**self._head(True), 'choices': [], 'usage': self._usage()})}\n\n"
+        except ApiError as e:
+            yield f"data: {json.dumps(e.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def whole(self, deltas, raw: Request):
+        texts = {i: [] for i in self.num_output_tokens}
+        finals: dict[int, RequestDelta] = {}
+
+        async def collect():
+            async for delta in deltas:
+                index = self._index(delta)
+                texts[index].append(delta.text)
+                if delta.finish_reason is not None:
+                    finals[index] = delta
+
+        task = asyncio.create_task(collect())
+        while not task.done():   # a client that leaves before the answer frees its rows too
+            await asyncio.wait({task}, timeout=0.5)
+            if not task.done() and await raw.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return Response(status_code=499)
+        task.result()
+        choices = []
+        for index in sorted(texts):
+            text, final = "".join(texts[index]), finals[index]
+            choice = {"index": index, "logprobs": None, "finish_reason": final.finish_reason,
+                      "spec_decode": final.spec_decode}
+            choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
+            choices.append(choice)
+        return {**self._head(False), "choices": choices, "usage": self._usage()}
