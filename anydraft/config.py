@@ -38,6 +38,9 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] | str | None = None
     ignore_eos: bool = False
+    # At most this many draft tokens per step for this request; 0 opts it out of speculation (its output is the
+    # same either way; speculation only changes speed). None: as many as the engine drafts.
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -48,6 +51,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 or -1 = off), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.num_speculative_tokens is not None and (not isinstance(self.num_speculative_tokens, int)
+                                                        or self.num_speculative_tokens < 0):
+            raise ValueError(f"num_speculative_tokens must be an integer >= 0 (0 = no speculation for this request) "
+                             f"or None, got {self.num_speculative_tokens!r}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
@@ -56,13 +63,18 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def max_draft_tokens(self, step_k: int) -> int:
+        """Draft tokens this request verifies in a step that drafts step_k."""
+        return step_k if self.num_speculative_tokens is None else min(step_k, self.num_speculative_tokens)
+
 
 @dataclass
 class SpeculativeConfig:
     """The draft side: which model proposes, how many tokens per step, how vocabularies are matched."""
     model: str
-    num_speculative_tokens: int = 3
+    num_speculative_tokens: int = 5   # the most a step drafts (adaptive picks 0..this per step)
     vocab_mode: str = "auto"
+    adaptive: bool = True             # choose k per step for speed; False: always num_speculative_tokens
     dtype: str | None = None     # None = the target's dtype
     device: str | None = None    # None = the target's device
     resync_window: int = 6
@@ -81,6 +93,8 @@ class SpeculativeConfig:
             raise ValueError(f"vocab_mode {self.vocab_mode!r} is unknown; use one of {', '.join(VOCAB_MODES)}")
         if self.dtype is not None:
             parse_dtype(self.dtype)
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be true or false, got {self.adaptive!r}")
         if self.resync_window < 1:
             raise ValueError(f"resync_window must be >= 1, got {self.resync_window}")
         if self.draft_vocab_size is not None:

@@ -13,6 +13,7 @@ from .model.runner import ModelRunner
 from .output_processor import OutputProcessor, TextState
 from .scheduler import Scheduler
 from .tensors import host_to_device
+from .spec_decode.adaptive import AdaptiveSpeculation
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
 from .spec_decode.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
 from .spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
@@ -57,9 +58,11 @@ class Engine:
     """
 
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, proposer: Proposer, max_model_len: int,
-                 max_num_batched_tokens: int | None = None):
+                 max_num_batched_tokens: int | None = None, adaptive: bool = False):
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
-        self.k = proposer.num_speculative_tokens
+        self.k = proposer.num_speculative_tokens   # the most tokens a step drafts
+        # Adaptive: each step drafts 0..k tokens, whichever maximises expected tokens per second.
+        self.speculation = AdaptiveSpeculation(self.k) if adaptive and self.k else None
         # Prompt + output tokens per request. The target cache holds all but the last of them plus the k+1 of a
         # verification forward, so it needs max_model_len + k entries (LLM allocates that): then speculative
         # and target-alone decoding stop at the same length.
@@ -72,6 +75,8 @@ class Engine:
         self.last_target_id: dict[int, int] = {}         # row -> the one token not yet in the target cache
         self.stats = SpecStats(self.k)
         self._next_id = itertools.count()
+        if self.speculation is not None:
+            self._calibrate_target_cost()
 
     @property
     def running(self) -> dict[int, Request]:
@@ -193,16 +198,20 @@ class Engine:
         rows = [r.row for r in step_requests]
         t0 = time.perf_counter()
         sampling = self._sampling_batch(step_requests)
-        proposal = self.proposer.propose(rows, sampling)                                   # [B, k] target ids
+        k = self.k if self.speculation is None else self.speculation.choose(len(rows))   # 0 = plain decode
+        proposal = self.proposer.propose(rows, sampling, k)                                # [B, k] target ids
+        row_drafts = [r.params.max_draft_tokens(k) for r in step_requests]   # a request may cap or opt out
         t1 = time.perf_counter()
         target_out = self._target_forward(rows, proposal, sampling)          # greedy ids or logits, see below
         t2 = time.perf_counter()
-        verdict = self._verify(target_out, proposal, sampling)
+        verdict = self._verify(target_out, proposal, sampling, row_drafts)
         num_accepted, new_target_ids = self._fetch_to_host(verdict)                        # the one sync
-        self.target.cache.rewind(rows, [self.k - n for n in num_accepted])
+        self.target.cache.rewind(rows, [k - n for n in num_accepted])
         self.proposer.observe(rows, num_accepted, new_target_ids)
-        self._record(step_requests, num_accepted, new_target_ids)
+        self._record(step_requests, row_drafts, num_accepted, new_target_ids)
         t3 = time.perf_counter()
+        if self.speculation is not None:
+            self.speculation.observe_step(len(rows), k, num_accepted, t1 - t0, t2 - t1, t3 - t2)
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0
@@ -218,16 +227,21 @@ class Engine:
         hidden = self.target.forward(rows, target_input)
         return self.target.greedy_ids(hidden) if sampling is None else self.target.logits(hidden)
 
-    def _verify(self, target_out, proposal: Proposal, sampling: SamplingBatch | None) -> VerifyOutput:
+    def _verify(self, target_out, proposal: Proposal, sampling: SamplingBatch | None,
+                row_drafts: list[int]) -> VerifyOutput:
+        k = proposal.draft_target_ids.shape[1]
+        # Ragged only when some request drafts fewer than the step's k (it opted out of speculation or capped it).
+        num_draft_tokens = (None if all(n == k for n in row_drafts)
+                            else host_to_device(row_drafts, target_out.device, torch.long))        # [B]
         if sampling is None:
-            return verify_greedy(target_out, proposal.draft_target_ids)
+            return verify_greedy(target_out, proposal.draft_target_ids, num_draft_tokens)
         target_probs = logits_to_probs(target_out, sampling.temperature, sampling.top_k, sampling.top_p)
         # Drawn where the row generators live (host), moved in one non-blocking copy each.
-        uniforms, exponentials = draw_noise(sampling.randoms, self.k, target_probs.shape[-1], "cpu")
+        uniforms, exponentials = draw_noise(sampling.randoms, k, target_probs.shape[-1], "cpu")
         device, dtype = target_probs.device, target_probs.dtype
         return verify_sampling(target_probs, proposal.draft_probs.to(target_probs), proposal.draft_target_ids,
                                uniforms.to(device, non_blocking=True).to(dtype),
-                               exponentials.to(device, non_blocking=True).to(dtype))
+                               exponentials.to(device, non_blocking=True).to(dtype), num_draft_tokens)
 
     @staticmethod
     def _fetch_to_host(verdict: VerifyOutput) -> tuple[list[int], list[list[int]]]:
@@ -253,10 +267,11 @@ class Engine:
             randoms=[None if r.params.greedy else r.random for r in requests])   # greedy rows draw no noise
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
-    def _record(self, step_requests: list[Request], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
-        for request, accepted, target_ids in zip(step_requests, num_accepted, new_target_ids):
-            request.stats.observe_step(accepted)
-            self.stats.observe_step(accepted)
+    def _record(self, step_requests: list[Request], row_drafts: list[int], num_accepted: list[int],
+                new_target_ids: list[list[int]]) -> None:
+        for request, drafted, accepted, target_ids in zip(step_requests, row_drafts, num_accepted, new_target_ids):
+            request.stats.observe_step(accepted, drafted)
+            self.stats.observe_step(accepted, drafted)
             self.last_target_id[request.row] = target_ids[-1]
             for target_id in target_ids:
                 self._append(request, target_id)
@@ -268,6 +283,23 @@ class Engine:
         request.stats.num_emitted += 1
         self.stats.num_emitted += 1
         self.output.append(request, target_id)      # finish reasons (EOS, length, stop string) and text
+
+    def _calibrate_target_cost(self) -> None:
+        """Time target forwards of 1 and k+1 tokens over one row and over every row (scratch tokens, caches reset
+        after), so the first steps choose k from this machine's costs; every step then refines them."""
+        rows_all = list(range(self.target.cache.max_batch))
+        generator = torch.Generator().manual_seed(0)
+        for rows in ([0], rows_all):
+            for num_new in (1, self.k + 1):
+                ids = torch.randint(0, self.target.num_token_rows, (len(rows), num_new), generator=generator)
+                for repeat in range(3):   # the first is a warm-up
+                    start = time.perf_counter()
+                    self.target.greedy_ids(self.target.forward(rows, ids.to(self.target.device))).tolist()
+                    if repeat:
+                        self.speculation.target_cost.observe(len(rows) * num_new, time.perf_counter() - start)
+                    self.target.cache.rewind(rows, [num_new] * len(rows))
+        for row in rows_all:
+            self.target.cache.reset(row)
 
     def run(self, progress=None) -> None:
         """Step until every request has finished."""

@@ -52,7 +52,9 @@ class LLM:
         else:
             self.proposer, self.draft_info = build_proposer(self.speculative_config, self.target, self.tokenizer,
                                                             max_num_seqs, max_model_len)
-        self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len, max_num_batched_tokens)
+        adaptive = self.speculative_config is not None and self.speculative_config.adaptive
+        self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len, max_num_batched_tokens,
+                             adaptive=adaptive)
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  progress=None) -> list[RequestOutput]:

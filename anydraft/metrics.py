@@ -4,7 +4,9 @@ AL = tokens appended per target verification forward = accepted draft tokens + t
 bonus token, averaged over target forwards; so 1 <= AL <= k+1 (target alone: AL = 1). Tokens cut off
 by a stop condition inside a step still count as appended by that step. A request's first token comes from
 the prompt's forward (the prefill), as in vLLM and HF: that forward verifies nothing and is not counted.
-Per-position acceptance rate i = P(draft token i accepted) = steps accepting >= i+1 tokens / steps.
+Per-position acceptance rate i = P(draft token i accepted) = steps accepting >= i+1 tokens / steps (with adaptive
+speculation, steps that drafted fewer than i+1 tokens count as not accepting position i).
+k_histogram: how many steps drafted each number of tokens (adaptive speculation chooses it per step).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class SpecStats:
     num_accepted: int = 0
     num_emitted: int = 0              # tokens returned to the user (after stop truncation)
     accepted_at_position: list[int] = field(default_factory=list)   # [k] count of steps accepting position i
+    k_histogram: dict[int, int] = field(default_factory=dict)       # drafted tokens per step -> steps
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     other_seconds: float = 0.0        # bridge / re-sync / verification / bookkeeping
@@ -35,12 +38,13 @@ class SpecStats:
         if not self.accepted_at_position:
             self.accepted_at_position = [0] * self.num_speculative_tokens
 
-    def observe_step(self, num_accepted: int) -> None:
-        """One target forward verified k drafted tokens and accepted num_accepted of them."""
-        k = self.num_speculative_tokens
+    def observe_step(self, num_accepted: int, num_drafted: int | None = None) -> None:
+        """One target forward verified num_drafted (default k) drafted tokens and accepted num_accepted of them."""
+        k = self.num_speculative_tokens if num_drafted is None else num_drafted
         self.target_forwards += 1
         self.num_drafted += k
         self.num_accepted += num_accepted
+        self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
         for i in range(num_accepted):
             self.accepted_at_position[i] += 1
 
@@ -52,6 +56,8 @@ class SpecStats:
         self.num_accepted += other.num_accepted
         self.num_emitted += other.num_emitted
         self.accepted_at_position = [a + b for a, b in zip(self.accepted_at_position, other.accepted_at_position)]
+        for k, steps in other.k_histogram.items():
+            self.k_histogram[k] = self.k_histogram.get(k, 0) + steps
         for name in ("draft_seconds", "target_seconds", "other_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -80,6 +86,7 @@ class SpecStats:
             "target_forwards": self.target_forwards,
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,
+            "k_histogram": {str(k): n for k, n in sorted(self.k_histogram.items())},
             "num_emitted_tokens": self.num_emitted,
             "tokens_per_second": round(self.tokens_per_second, 3),
             "wall_seconds": round(self.wall_seconds, 4),

@@ -16,7 +16,10 @@ def add_model_args(p: argparse.ArgumentParser, max_model_len: int = 2048) -> Non
     p.add_argument("--draft", default=DEFAULT_DRAFT,
                    help=f"draft checkpoint dir or builtin name (default {DEFAULT_DRAFT}); "
                         f"'{NO_DRAFT}' decodes with the target alone")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, help="draft tokens per step")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=5,
+                   help="the most draft tokens per step (default 5; adaptive speculation picks 0..k per step)")
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                   help="draft exactly k tokens every step instead of choosing k per step for speed")
     p.add_argument("--vocab-mode", default="auto", choices=VOCAB_MODES,
                    help="how the vocabularies are matched (auto picks d2t, identity or tli)")
     add_draft_head_args(p)
@@ -52,4 +55,4 @@ def speculative_config(args: argparse.Namespace) -> dict | None:
     if draft is None:
         return None
     return {"model": draft, "num_speculative_tokens": args.num_speculative_tokens, "vocab_mode": args.vocab_mode,
-            **draft_head_options(args)}
+            "adaptive": args.adaptive, **draft_head_options(args)}

@@ -38,8 +38,19 @@ def _assemble_output(draft_target_ids: torch.Tensor,  # [B, k]
     return VerifyOutput(num_accepted=num_accepted, output_ids=output_ids, next_ids=next_ids)
 
 
+def _drafted(accepted: torch.Tensor,                   # [B, k] bool
+             num_draft_tokens: torch.Tensor | None,     # [B] long, drafts that count per row; None = all k
+             ) -> torch.Tensor:                         # [B, k] bool
+    """Ragged proposals: a row's positions past its own count are never accepted (they were padding)."""
+    if num_draft_tokens is None:
+        return accepted
+    positions = torch.arange(accepted.shape[1], device=accepted.device)
+    return accepted & (positions < num_draft_tokens[:, None])
+
+
 def verify_greedy(target_argmax: torch.Tensor,     # [B, k+1] target's greedy token at each position
                   draft_target_ids: torch.Tensor,  # [B, k] drafted tokens in target ids
+                  num_draft_tokens: torch.Tensor | None = None,  # [B] drafts per row (ragged); None = k each
                   ) -> VerifyOutput:
     """Accept while the target argmax equals the drafted token; then emit the target argmax.
 
@@ -49,7 +60,8 @@ def verify_greedy(target_argmax: torch.Tensor,     # [B, k+1] target's greedy to
     compute them all); greedy verification depends on nothing else.
     """
     num_drafted = draft_target_ids.shape[1]
-    num_accepted = _accepted_prefix_length(target_argmax[:, :num_drafted] == draft_target_ids)
+    num_accepted = _accepted_prefix_length(_drafted(target_argmax[:, :num_drafted] == draft_target_ids,
+                                                    num_draft_tokens))
     next_ids = target_argmax.gather(1, num_accepted[:, None]).squeeze(1)           # [B]
     return _assemble_output(draft_target_ids, num_accepted, next_ids)
 
@@ -59,6 +71,7 @@ def verify_sampling(target_probs: torch.Tensor,      # [B, k+1, V_target] p, aft
                     draft_target_ids: torch.Tensor,  # [B, k] drafted tokens in target ids, x_i ~ q_i
                     uniforms: torch.Tensor,          # [B, k] U[0, 1)
                     exponentials: torch.Tensor,      # [B, V_target] Exp(1), for the one token drawn per row
+                    num_draft_tokens: torch.Tensor | None = None,  # [B] drafts per row (ragged); None = k each
                     ) -> VerifyOutput:
     """Standard speculative rejection sampling; every emitted token is distributed exactly as p.
 
@@ -69,6 +82,8 @@ def verify_sampling(target_probs: torch.Tensor,      # [B, k+1, V_target] p, aft
     Greedy rows fit too: with one-hot p (see logits_to_probs) this accepts iff x_i is the argmax.
     A row draws one token (recovered or bonus) per step, so one noise vector per row serves whichever
     position that is: it is independent of the uniforms that chose the position.
+    Ragged rows (num_draft_tokens[i] < k) stop at their own count: the token after their last draft is drawn
+    from p there (no draft at that position, q = 0), as for a row that drafted exactly that many.
     """
     batch, num_drafted = draft_target_ids.shape
     ids = draft_target_ids.long()[:, :, None]                                       # [B, k, 1]
@@ -77,7 +92,9 @@ def verify_sampling(target_probs: torch.Tensor,      # [B, k+1, V_target] p, aft
     # u < p/q written as u*q < p: no division, and q(x) = 0 (never proposed by a correct caller)
     # accepts iff p(x) > 0, matching min(1, p/q) = 1; p(x) = q(x) = 0 rejects.
     accepted = uniforms.to(draft_prob_drafted.dtype) * draft_prob_drafted < target_prob_drafted
-    num_accepted = _accepted_prefix_length(accepted)                                 # [B]
+    num_accepted = _accepted_prefix_length(_drafted(accepted, num_draft_tokens))     # [B]
+    row_drafted = (torch.full_like(num_accepted, num_drafted) if num_draft_tokens is None
+                   else num_draft_tokens.to(num_accepted.device))                      # [B]
 
     vocab_size = target_probs.shape[-1]
     at_next = num_accepted.view(batch, 1, 1).expand(batch, 1, vocab_size)          # [B, 1, V]
@@ -86,7 +103,7 @@ def verify_sampling(target_probs: torch.Tensor,      # [B, k+1, V_target] p, aft
         # Position k has no draft: q is 0 there, so the residual is p itself (the bonus distribution).
         at_draft = at_next.clamp(max=num_drafted - 1)
         draft_prob_next = draft_probs.gather(1, at_draft).squeeze(1)                 # [B, V]
-        draft_prob_next = draft_prob_next * (num_accepted < num_drafted)[:, None]
+        draft_prob_next = draft_prob_next * (num_accepted < row_drafted)[:, None]
         residual = (target_prob_next - draft_prob_next).clamp_min(0)
         # An all-zero residual means p == q numerically: rejection then had probability ~0, fall back to p.
         has_residual = residual.sum(dim=-1, keepdim=True) > 0

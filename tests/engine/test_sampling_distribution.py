@@ -10,6 +10,7 @@ often (total variation ~0.5), so recovered tokens come from the residual max(p -
 """
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -25,7 +26,9 @@ NUM_SAMPLES = 3072
 K = 3
 PROMPT = "The answer is"
 SEED_BASE = {"target_alone": 0, "identity": 1_000_000, "tli": 2_000_000, "d2t": 3_000_000, "tli_fr": 4_000_000,
-             "target_alone_2": 5_000_000, "noisy_draft_alone": 6_000_000}
+             "target_alone_2": 5_000_000, "noisy_draft_alone": 6_000_000, "tli_ragged": 7_000_000}
+# tli_ragged: the TLI draft with a random k in 0..K per step and every third request capped at 1 draft token
+# (adaptive speculation's and per-request caps' paths through verification).
 # Controls: target_alone_2 is an independent second run of the target alone; noisy_draft_alone decodes with
 # the noisy draft as the model (a wrong law at every position, total variation ~0.5 from the target's).
 MIN_CONDITIONAL_SAMPLES = 1000   # second tokens after the most common first one (the verified-token tests)
@@ -71,16 +74,23 @@ def samples(ckpts, llms, draft_vocab_corpus):
         key = (kind, temperature, top_k)
         if key not in cache:
             draft = {"target_alone": None, "target_alone_2": None, "noisy_draft_alone": None, "identity": ckpts.small_noisy_draft, "tli": ckpts.small_tli_draft,
-                     "d2t": ckpts.small_d2t_draft, "tli_fr": ckpts.small_tli_draft}[kind]
+                     "d2t": ckpts.small_d2t_draft, "tli_fr": ckpts.small_tli_draft,
+                     "tli_ragged": ckpts.small_tli_draft}[kind]
             head = ({"draft_vocab_size": FR_HEAD_ROWS, "draft_vocab_corpus": str(draft_vocab_corpus)}
                     if kind == "tli_fr" else {})
             model = ckpts.small_noisy_draft if kind == "noisy_draft_alone" else ckpts.small_target
+            if kind == "tli_ragged":
+                head = {"adaptive": True}
             llm = llms.get(model, draft, k=K, max_num_seqs=64, dtype="float32", **head)
-            if head:
+            if kind == "tli_ragged":
+                chooser = random.Random(0)
+                llm.engine.speculation.choose = lambda rows: chooser.randint(0, K)
+            if kind == "tli_fr":
                 assert llm.proposer.runner.head_rows == FR_HEAD_ROWS
             seed = SEED_BASE[kind] + int(temperature * 1000) + top_k
-            params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=MAX_TOKENS, seed=seed + i)
-                      for i in range(NUM_SAMPLES)]
+            caps = [1 if kind == "tli_ragged" and i % 3 == 0 else None for i in range(NUM_SAMPLES)]
+            params = [SamplingParams(temperature=temperature, top_k=top_k, max_tokens=MAX_TOKENS, seed=seed + i,
+                                     num_speculative_tokens=cap) for i, cap in enumerate(caps)]
             outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
             assert all(len(o.outputs[0].token_ids) == MAX_TOKENS or o.outputs[0].finish_reason == "stop"
                        for o in outputs)
@@ -118,7 +128,7 @@ def test_first_token_follows_exact_target_softmax(ckpts, samples, kind):
     assert p_value > P_VALUE_MIN
 
 
-@pytest.mark.parametrize("kind", ["target_alone", "identity", "tli", "d2t", "tli_fr"])
+@pytest.mark.parametrize("kind", ["target_alone", "identity", "tli", "d2t", "tli_fr", "tli_ragged"])
 def test_verified_token_follows_exact_target_softmax(ckpts, samples, kind):
     first, second_target_ids = verified_tokens(samples(kind))
     assert len(second_target_ids) >= MIN_CONDITIONAL_SAMPLES
@@ -144,7 +154,7 @@ def later_position_p_values(sequences: list[tuple], reference: list[tuple]) -> l
     return [two_sample([s[j] for s in sequences], [s[j] for s in reference]) for j in range(2, MAX_TOKENS)]
 
 
-@pytest.mark.parametrize("kind", ["identity", "tli", "d2t", "tli_fr"])
+@pytest.mark.parametrize("kind", ["identity", "tli", "d2t", "tli_fr", "tli_ragged"])
 def test_later_positions_match_target_alone(samples, kind):
     p_values = later_position_p_values(samples(kind), samples("target_alone"))
     print(f"\n[{kind}] positions 3..{MAX_TOKENS} vs target alone: p = {', '.join(f'{p:.3g}' for p in p_values)}")

@@ -405,8 +405,9 @@ class LLMCache:
         key = (str(target), str(draft), k, vocab_mode, max_num_seqs, dtype, max_model_len,
                tuple(sorted(spec_options.items())))
         if key not in self._llms:
+            # Fixed k unless a test asks for adaptive speculation: these tests check the k-token step itself.
             spec = None if draft is None else {"model": str(draft), "num_speculative_tokens": k,
-                                               "vocab_mode": vocab_mode, **spec_options}
+                                               "vocab_mode": vocab_mode, "adaptive": False, **spec_options}
             self._llms[key] = LLM(model=str(target), speculative_config=spec, dtype=dtype, device="cpu",
                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len)
         return self._llms[key]

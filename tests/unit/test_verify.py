@@ -197,3 +197,35 @@ def test_statistic_detects_recovering_from_target_instead_of_residual():
     noise = torch.empty(NUM_SAMPLES, len(TARGET[0])).exponential_(generator=torch.Generator().manual_seed(14))
     wrong_first = torch.where(rejected_at_0, sample_from_probs(target_probs[:, 0], noise), out.output_ids[:, 0])
     assert _chi_square_p_value(wrong_first, TARGET[0]) < P_VALUE_MIN
+
+
+# --- ragged proposals: a row verifies only its own number of drafts ------------------------------------------
+def test_greedy_ragged_row_stops_at_its_count():
+    logits = logits_with_argmax([[3, 7, 1, 9], [3, 7, 1, 9]])
+    drafts = torch.tensor([[3, 7, 1], [3, 7, 1]])       # both rows' drafts all match the target
+    out = verify_greedy(greedy_argmax(logits), drafts, num_draft_tokens=torch.tensor([3, 1]))
+    # row 1 drafted 1 token: it is accepted, then the target's own token after it (7), not the padding drafts
+    assert_output(out, [3, 1], [[3, 7, 1, 9], [3, 7, -1, -1]])
+    zero = verify_greedy(greedy_argmax(logits), drafts, num_draft_tokens=torch.tensor([0, 2]))
+    assert_output(zero, [0, 2], [[3, -1, -1, -1], [3, 7, 1, -1]])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sampling_ragged_row_equals_that_row_verified_alone(seed):
+    """A row verified with count n inside a k-draft batch decides exactly what the same row verified with only
+    its first n drafts decides, given the same noise: ragged rows are rows that drafted fewer tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    batch, k = 4, 4
+    target_probs = torch.softmax(torch.randn(batch, k + 1, VOCAB_SIZE, generator=generator) * 2, -1)
+    draft_probs = torch.softmax(torch.randn(batch, k, VOCAB_SIZE, generator=generator) * 2, -1)
+    drafts = torch.multinomial(draft_probs.flatten(0, 1), 1, generator=generator).view(batch, k)
+    uniforms = torch.rand(batch, k, generator=generator)
+    exponentials = torch.empty(batch, VOCAB_SIZE).exponential_(generator=generator)
+    counts = torch.tensor([4, 0, 2, 1])
+    ragged = verify_sampling(target_probs, draft_probs, drafts, uniforms, exponentials, num_draft_tokens=counts)
+    for row, n in enumerate(counts.tolist()):
+        alone = verify_sampling(target_probs[row:row + 1, :n + 1], draft_probs[row:row + 1, :n],
+                                drafts[row:row + 1, :n], uniforms[row:row + 1, :n], exponentials[row:row + 1])
+        assert ragged.num_accepted[row].item() == alone.num_accepted.item()
+        assert ragged.next_ids[row].item() == alone.next_ids.item()
+        assert ragged.output_ids[row, :n + 1].tolist() == alone.output_ids[0].tolist()

@@ -1,0 +1,60 @@
+"""Adaptive speculation in the engine: whatever k a step drafts (0..max), and whatever cap a request sets, the
+output is the target alone's (float64, greedy) and the statistics count what was drafted."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from anydraft.config import SamplingParams
+
+from tiny_models import reference_greedy
+
+PAIRS = [("tli", "qwen3_target", "llama2_draft"), ("identity_partial", "smollm2_target", "smollm2_noisy_draft")]
+
+
+@pytest.fixture
+def random_k(monkeypatch):
+    """Every step drafts a random k in 0..max (a stand-in for the cost model's choices, covering all of them)."""
+    def install(llm, seed: int = 0):
+        chooser = random.Random(seed)
+        choices = []
+
+        def choose(rows: int) -> int:
+            choices.append(chooser.randint(0, llm.engine.k))
+            return choices[-1]
+        monkeypatch.setattr(llm.engine.speculation, "choose", choose)
+        return choices
+    return install
+
+
+@pytest.mark.parametrize("case, target, draft", PAIRS, ids=[p[0] for p in PAIRS])
+def test_any_k_per_step_and_opted_out_requests_match_target_alone(ckpts, llms, prompts, random_k, case, target,
+                                                                  draft):
+    target_dir = getattr(ckpts, target)
+    llm = llms.get(target_dir, getattr(ckpts, draft), k=4, max_num_seqs=4, adaptive=True)
+    choices = random_k(llm)
+    caps = [None, 0, 2, None, 1, None]   # per request: the engine's k, opted out, at most 2, ...
+    max_tokens = [24, 17, 30, 24, 9, 24]
+    outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n, num_speculative_tokens=cap)
+                                     for n, cap in zip(max_tokens, caps)])
+    for prompt, n, out in zip(prompts, max_tokens, outputs):
+        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
+    assert set(choices) == set(range(5))   # every k was exercised, 0 (plain decode) included
+    opted_out = outputs[1].metrics
+    assert opted_out["num_drafted"] == 0 and opted_out["num_accepted"] == 0 and opted_out["acceptance_length"] == 1.0
+    assert max(int(k) for k in outputs[2].metrics["k_histogram"]) <= 2
+    assert sum(outputs[0].metrics["k_histogram"].values()) == outputs[0].metrics["target_forwards"]
+
+
+def test_adaptive_choice_is_reported_and_learns_costs(ckpts, llms, prompts):
+    """With the cost model choosing (no stand-in), outputs stay exact and the k histogram says what it chose."""
+    target_dir = ckpts.qwen3_target
+    llm = llms.get(target_dir, ckpts.llama2_draft, k=4, max_num_seqs=4, adaptive=True)
+    outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=20))
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, 20)
+    speculation = llm.engine.speculation
+    assert speculation.target_cost.seconds(1) > 0          # calibrated at load, refreshed by steps
+    histogram = llm.stats.k_histogram
+    assert sum(histogram.values()) == llm.stats.target_forwards and set(histogram) <= set(range(5))
