@@ -177,12 +177,6 @@ class NativeDecoder:
                         empty if qkv_bias is None else qkv_bias,
                         empty if attn.qk_norm_weight is None else attn.qk_norm_weight,
                         attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up, down]
-        largest = max(t.numel() for t in tensors)
-        if largest > SMALL_WEIGHT_ELEMENTS:
-            # Per-call overhead is what the native body removes; a layer this size is bandwidth-bound, and
-            # oneDNN's bf16 kernels read it once for all k+1 rows, which these per-row kernels do not match.
-            raise ValueError(f"layer weights of {largest} elements: the native body takes models whose layer "
-                             f"weights have at most {SMALL_WEIGHT_ELEMENTS} (oneDNN runs larger ones)")
         self.layer_tensors = [t.detach().contiguous() for t in tensors]
         self.final_norm = model.model.norm.weight.detach().contiguous()
         self.embed = model.model.embed_tokens.weight.detach().contiguous()

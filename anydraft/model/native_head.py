@@ -5,6 +5,9 @@ Greedy decoding needs only the argmax, and on CPU the head is a memory-bound rea
 The screen reads an int8 copy (half the bytes) with int8 activations, so each row's score is an exact integer;
 with per-row bounds on what the two quantizations can hide, only rows whose bound reaches the best exact logit
 are computed in full. The argmax is that of `logits()`, ties to the lowest index: nothing is approximate.
+A row whose screen leaves more than 1/64 of the head standing (degenerate activations: one huge outlier, as a
+repeated token gives) takes all its logits from the logits() kernel instead, which reads the head once for all
+such rows of the batch.
 """
 from __future__ import annotations
 
@@ -40,8 +43,8 @@ class NativeHead:
         self.row_scale = scale
         self.q_sum = q.sum(dim=1, dtype=torch.int32)
         quantized = scale.double()[:, None] * q.double()
-        # Summation error of a K-term fp32 dot in 16 lanes: at most ~(K/16 + 4) roundings of 2^-24 each of
-        # sum |w_k h_k| <= ||w|| ||h||; x4 for the score's own roundings and margin.
+        # Summation error of a K-term fp32 dot in 16 lanes (kernels.h: dot_tile, reduce_tree): at most K/16 + 4
+        # roundings of 2^-24 each of sum |w_k h_k| <= ||w|| ||h||; x4 for the score's own roundings and margin.
         rounding = 4 * (width / 16 + 4) * 2.0 ** -24
         self.slack_q = _round_up(quantized.norm(dim=1))
         self.slack_h = _round_up((exact - quantized).norm(dim=1) + rounding * exact.norm(dim=1))
@@ -55,5 +58,10 @@ class NativeHead:
 
     def greedy(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor:   # [..., K] -> [...] long
         """argmax over rows [0, num_rows) of logits(hidden), lowest index on ties."""
+        return self.greedy_with_report(hidden, num_rows)[0]
+
+    def greedy_with_report(self, hidden: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """greedy(), and [...] bool: which rows the screen left too wide, so that all their logits were computed
+        (by the logits() kernel, reading the head once for all such rows; same values, same argmax)."""
         return self.extension.greedy_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
                                           self.slack_q, self.slack_h, num_rows)

@@ -1,6 +1,7 @@
 // The Python module of the native kernels: decoder.cpp (the decoder body), greedy_head.cpp (the output head).
 #include <torch/extension.h>
 
+#include <tuple>
 #include <vector>
 
 torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std::vector<torch::Tensor> layers,
@@ -8,7 +9,7 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
                               std::vector<int64_t> slots, std::vector<int64_t> positions, torch::Tensor inv_freq,
                               int64_t Hq, int64_t Hkv, int64_t D, double eps_d);
 torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight);
-torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
+std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                           torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,10 +1,12 @@
 // The decoder body of a Llama-family model in one native call, for bf16 on x86-64 CPUs with AVX-512.
 //
 // Why: at the sizes of draft models (and of the shipped models) a PyTorch forward is ~50 framework calls
-// per layer, each costing more than its arithmetic. Here a layer is a few loops.
-// Every output row is computed the same way whatever the number of rows (no blocking across rows, fixed
-// summation order), so a k+1-token verification and a 1-token decode give bit-identical results: greedy
-// speculative decoding in bf16 equals the target alone exactly, not only up to near-ties.
+// per layer, each costing more than its arithmetic; at real sizes (hidden 1024+) the layers are a read of the
+// weights, which linear() (kernels.h) does once for all rows of the forward.
+// Every output row is computed the same way whatever the number of rows, its place among them, or the threads
+// (each output in one fixed summation order; threads split outputs, never sums), so a k+1-token verification,
+// a 1-token decode and a prefill give bit-identical rows: greedy speculative decoding in bf16 equals the target
+// alone exactly, not only up to near-ties.
 // Rounding follows the PyTorch path: every tensor PyTorch would store in bf16 is rounded to bf16 here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

@@ -32,9 +32,14 @@ struct Best {  // running argmax: the larger value, the lower index on ties
   }
 };
 
-inline float exact_logit(const float* x, const uint16_t* w, int64_t K) {
-  return round_bf16(dot_row(x, w, K) + 0.f);   // as linear() with no bias
+inline float exact_logit(const uint16_t* x, const uint16_t* w, int64_t K) {
+  return round_bf16(dot_bf16(x, w, K) + 0.f);   // as linear() with no bias
 }
+
+// A row whose screen leaves more than this fraction of the head to compute exactly (degenerate activations, e.g.
+// one token repeated, whose outliers make the int8 copy of the row coarse) gets all its logits from linear(),
+// which reads the head once for all such rows: the same values, so the same argmax, at no more than their cost.
+constexpr int64_t FALLBACK_FRACTION = 64;
 
 // R activation rows' codes (4 per int32, row stride K bytes) against one block of 16 head rows:
 // acc[r] lane i = sum over columns of code * q for head row i (codes carry +128, taken out by the caller).
@@ -87,18 +92,20 @@ torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight) {
   return out.view(sizes);
 }
 
-// argmax over rows [0, num_rows) of head_logits(hidden, weight) per row of hidden -> [...] int64.
+// argmax over rows [0, num_rows) of head_logits(hidden, weight) per row of hidden -> ([...] int64, [...] bool:
+// whether the row took the full-logits fallback).
 // Per row n of the head (padded to blocks of 16): weight_n ~ row_scale[n] * q_n with q int8, laid out as
 // q_blocks [N/16, K/4, 16, 4] so one VNNI instruction advances 16 rows by 4 columns (no horizontal sums);
 // q_sum[n] = sum of q_n; slack_q[n] = ||row_scale * q_n||, slack_h[n] = ||w_n - row_scale * q_n|| plus the
 // summation-error term, both rounded up.
-torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
+std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                           torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows) {
   auto x = hidden.reshape({-1, hidden.size(-1)}).to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), groups = K / 4;
   const int64_t blocks = (num_rows + 15) / 16;
   TORCH_CHECK(K % 64 == 0 && q_blocks.size(1) == groups && blocks <= q_blocks.size(0), "greedy_head: bad shapes");
   const float* xp = x.data_ptr<float>();
+  const std::vector<uint16_t> xb = to_bf16(xp, M * K);   // exact: hidden is bf16
   const uint16_t* wp = bf16_ptr(weight);
   const int8_t* qp = q_blocks.data_ptr<int8_t>();
   const float* sp = row_scale.data_ptr<float>();
@@ -192,12 +199,37 @@ torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Ten
   for (int64_t m = 0; m < M; ++m) {
     for (int t = 0; t < threads; ++t) {
       const Best& s = seeds[M * t + m];
-      if (s.index >= 0) best[m].offer(exact_logit(xp + m * K, wp + s.index * K, K), s.index);
+      if (s.index >= 0) best[m].offer(exact_logit(xb.data() + m * K, wp + s.index * K, K), s.index);
     }
-    // A row whose bound is more than a bf16 step below the best exact logit cannot round up to it.
+    // A row whose bound is more than a bf16 step below the best exact logit cannot round up to it (K * FLT_MIN:
+    // what flushing denormal partial sums to zero can change).
     const float v = best[m].value;
-    threshold[m] = screens[m].usable ? v - std::fabs(v) * (1.f / 64.f) - std::numeric_limits<float>::min()
+    threshold[m] = screens[m].usable ? v - std::fabs(v) * (1.f / 64.f) - float(K) * std::numeric_limits<float>::min()
                                      : -std::numeric_limits<float>::infinity();
+  }
+
+  // Rows the screen cannot narrow enough: all their logits at once (linear() reads the head once for all).
+  std::vector<int64_t> full_rows;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* b = bound.data() + m * padded;
+    const __m512 t = _mm512_set1_ps(threshold[m]);
+    int64_t survivors = 0;
+    for (int64_t n = 0; n < padded; n += 16)   // padding rows past num_rows count too: a cheap upper bound
+      survivors += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ));
+    if (survivors * FALLBACK_FRACTION > num_rows) full_rows.push_back(m);
+  }
+  std::vector<char> is_full(M, 0);
+  if (!full_rows.empty()) {
+    const int64_t F = int64_t(full_rows.size());
+    std::vector<float> xf(F * K), logits(F * num_rows);
+    for (int64_t f = 0; f < F; ++f) std::memcpy(&xf[f * K], xp + full_rows[f] * K, K * sizeof(float));
+    linear(xf.data(), F, K, wp, nullptr, num_rows, logits.data());
+    for (int64_t f = 0; f < F; ++f) {
+      Best top;
+      for (int64_t n = 0; n < num_rows; ++n) top.offer(logits[f * num_rows + n], n);
+      best[full_rows[f]] = top;
+      is_full[full_rows[f]] = 1;
+    }
   }
 
   // Pass 2: exact logits of the rows that could still win.
@@ -205,15 +237,16 @@ torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Ten
   at::parallel_for(0, num_rows, 4096, [&](int64_t n0, int64_t n1) {
     Best* winner = &winners[M * at::get_thread_num()];
     for (int64_t m = 0; m < M; ++m) {
+      if (is_full[m]) continue;
       const float* b = bound.data() + m * padded;
       const __m512 t = _mm512_set1_ps(threshold[m]);
       int64_t n = n0;
       for (; n + 16 <= n1; n += 16)   // 16 bounds per compare; almost every block has no survivor
         if (_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ))
           for (int64_t i = n; i < n + 16; ++i)
-            if (!(b[i] < threshold[m])) winner[m].offer(exact_logit(xp + m * K, wp + i * K, K), i);
+            if (!(b[i] < threshold[m])) winner[m].offer(exact_logit(xb.data() + m * K, wp + i * K, K), i);
       for (; n < n1; ++n)
-        if (!(b[n] < threshold[m])) winner[m].offer(exact_logit(xp + m * K, wp + n * K, K), n);
+        if (!(b[n] < threshold[m])) winner[m].offer(exact_logit(xb.data() + m * K, wp + n * K, K), n);
     }
   });
   for (int64_t m = 0; m < M; ++m) {
@@ -223,5 +256,8 @@ torch::Tensor greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Ten
     }
     rp[m] = best[m].index;
   }
-  return result.view(hidden.sizes().slice(0, hidden.dim() - 1));
+  auto fell_back = torch::empty({M}, hidden.options().dtype(at::kBool));
+  for (int64_t m = 0; m < M; ++m) fell_back.data_ptr<bool>()[m] = is_full[m] != 0;
+  const auto batch = hidden.sizes().slice(0, hidden.dim() - 1);
+  return {result.view(batch), fell_back.view(batch)};
 }

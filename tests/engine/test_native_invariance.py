@@ -1,0 +1,154 @@
+"""The native kernels at real layer sizes (Qwen3-0.6B and 1.7B shapes, random weights): a row computed alone,
+inside batches of several shapes, at any place in them, in a prefill, and with 1 or 2 threads is bit-identical;
+the greedy head falls back to full logits (same ids) when its int8 screen cannot narrow a row."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anydraft.model.config import ModelConfig
+from anydraft.model.llama import CausalLM
+from anydraft.model.native_extension import cpu_has, load_extension
+from anydraft.model.native_head import NativeHead
+from anydraft.model.runner import ModelRunner
+
+from test_native_decoder import needs_native
+
+pytestmark = needs_native
+
+CPU = torch.device("cpu")
+# (hidden, intermediate): Qwen3-0.6B and Qwen3-1.7B layers; heads 16 / 8 of 128 as both have.
+SIZES = {"0.6B": (1024, 3072), "1.7B": (2048, 6144)}
+
+
+class threads:
+    """torch's intra-op threads set for a block, restored after (conftest keeps one)."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def __enter__(self):
+        self.saved = torch.get_num_threads()
+        torch.set_num_threads(self.count)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.saved)
+
+
+def _weight(rows: int, cols: int, seed: int) -> torch.Tensor:
+    return (torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) / cols ** 0.5).bfloat16()
+
+
+@pytest.mark.parametrize("cols, rows", [(1024, 4096), (1024, 6144), (3072, 1024), (2048, 12288), (6144, 2048),
+                                        (1040, 1000)])   # the last: a column tail (1040 % 32) and a row tail (% 16)
+def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols, rows):
+    """The linear kernel every layer uses (head_logits is it without bias): each output row is the same function
+    of its own input row whatever M, the row's place, or the threads."""
+    extension = load_extension()
+    weight = _weight(rows, cols, seed=rows + cols)
+    x = torch.randn(17, cols, generator=torch.Generator().manual_seed(cols)).bfloat16()
+    with threads(1):
+        alone = torch.cat([extension.head_logits(x[i:i + 1], weight) for i in range(17)])
+    for count in (1, 2):
+        with threads(count):
+            assert torch.equal(extension.head_logits(x, weight), alone)
+            for size in (2, 3, 4, 5, 8, 16):
+                order = torch.randperm(17, generator=torch.Generator().manual_seed(size))[:size]
+                assert torch.equal(extension.head_logits(x[order], weight), alone[order]), (count, size)
+    exact = x.double() @ weight.double().T
+    assert ((alone.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()   # one bf16 rounding
+
+
+def _layer_model(hidden: int, intermediate: int, seed: int = 0) -> CausalLM:
+    cfg = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=512, hidden_size=hidden,
+                      intermediate_size=intermediate, num_hidden_layers=1, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128, qk_norm=True, rope_theta=1e6)
+    torch.manual_seed(seed)
+    model = CausalLM(cfg)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    return model.to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module", params=list(SIZES))
+def runner(request):
+    runner = ModelRunner(_layer_model(*SIZES[request.param]), max_batch=4, max_len=64)
+    assert runner.kernels["body"] == "native", runner.kernels
+    return runner
+
+
+def test_body_rows_are_bit_identical_alone_batched_prefilled_and_threaded(runner):
+    """Three requests: each token decoded alone (one thread) = the same tokens verified 4 at a time beside the
+    other rows, in another order (two threads) = the prompt's prefill (many tokens of one request in one call,
+    through the same kernels) = a right-padded prefill of all three prompts together."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (11, 6, 9)]
+    new = torch.randint(0, 512, (3, 4), generator=gen)
+
+    def reset():
+        for row in range(4):
+            runner.cache.reset(row)
+
+    alone = []   # per request: hidden of every prompt and new token, one token per forward
+    with threads(1):
+        for b, prompt in enumerate(prompts):
+            reset()
+            alone.append(torch.cat([runner.forward([2], torch.tensor([[t]]))[0] for t in prompt + new[b].tolist()]))
+    with threads(2):
+        reset()
+        prefilled = [runner.forward([row], torch.tensor([p]))[0] for row, p in zip((1, 3, 0), prompts)]
+        together = runner.forward([0, 1, 3], new[[2, 0, 1]])   # rows hold prompts 2, 0, 1
+        reset()
+        last = runner.prefill_rows([0, 1, 2], prompts)[:, 0]
+    for b, prompt in enumerate(prompts):
+        assert torch.equal(prefilled[b], alone[b][:len(prompt)]), f"prefill of request {b}"
+        assert torch.equal(last[b], alone[b][len(prompt) - 1]), f"padded prefill of request {b}"
+    for j, b in enumerate((2, 0, 1)):
+        assert torch.equal(together[j], alone[b][len(prompts[b]):]), f"verification of request {b}"
+    with threads(2):
+        ids_together = runner.greedy_ids(together)
+    with threads(1):
+        ids_alone = torch.stack([runner.greedy_ids(alone[b][len(prompts[b]):]) for b in (2, 0, 1)])
+    assert torch.equal(ids_together, ids_alone)
+
+
+def test_body_is_as_close_to_float64_as_the_pytorch_path_at_real_size(monkeypatch):
+    """At the 0.6B layer size the native rounding is no worse than oneDNN's (both against float64)."""
+    model = _layer_model(*SIZES["0.6B"], seed=3)
+    reference = CausalLM(model.cfg)
+    reference.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    reference.double()
+    ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        exact = reference(ids)
+    errors = {}
+    for native in ("1", "0"):
+        monkeypatch.setenv("ANYDRAFT_NATIVE", native)
+        runner = ModelRunner(_layer_model(*SIZES["0.6B"], seed=3), max_batch=2, max_len=16)
+        assert (runner.kernels["body"] == "native") == (native == "1")
+        errors[native] = (runner.forward([0, 1], ids).double() - exact).abs().mean().item()
+    assert errors["1"] <= 1.5 * errors["0"], errors
+    assert errors["1"] < 0.02 * exact.abs().mean().item()
+
+
+@pytest.mark.skipif(not cpu_has("avx512_vnni"), reason="the greedy head needs AVX512-VNNI")
+def test_greedy_head_falls_back_to_full_logits_when_the_screen_cannot_narrow(monkeypatch):
+    """One huge activation (as a repeated token gives) makes the int8 copy of the row all but zero: the screen
+    bounds every head row loosely. Those rows take all their logits at once; the ids stay the argmax."""
+    weight = _weight(20000, 1024, seed=9)
+    weight[:, 7] = 0.01   # the outlier column: the same for every head row, so it decides nothing
+    head = NativeHead(weight, load_extension())
+    gen = torch.Generator().manual_seed(10)
+    hidden = torch.randn(6, 1024, generator=gen) * 0.05
+    hidden[:3, 7] = 3000.0   # rows 0-2 degenerate, rows 3-5 ordinary
+    hidden = hidden.bfloat16()
+    expected = head.logits(hidden)[:, :19990].float().argmax(dim=-1)
+    for count in (1, 2):
+        with threads(count):
+            ids, fell_back = head.greedy_with_report(hidden, 19990)
+            assert torch.equal(ids, expected)
+            assert fell_back.tolist() == [True] * 3 + [False] * 3
+            assert torch.equal(head.greedy(hidden[3:], 19990), expected[3:])
+            assert torch.equal(head.greedy(hidden[:1], 19990), expected[:1])
