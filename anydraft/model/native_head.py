@@ -43,9 +43,10 @@ class NativeHead:
         self.row_scale = scale
         self.q_sum = q.sum(dim=1, dtype=torch.int32)
         quantized = scale.double()[:, None] * q.double()
-        # Summation error of a K-term fp32 dot in 16 lanes (kernels.h: dot_tile, reduce_tree): at most K/16 + 4
-        # roundings of 2^-24 each of sum |w_k h_k| <= ||w|| ||h||; x4 for the score's own roundings and margin.
-        rounding = 4 * (width / 16 + 4) * 2.0 ** -24
+        # Summation error of a K-term fp32 dot product in any order (linear.h: AMX tiles or 16 lanes + a tree):
+        # at most K - 1 roundings of 2^-24 each of sum |w_k h_k| <= ||w|| ||h||; x4 for the score's own roundings
+        # and margin.
+        rounding = 4 * (width + 4) * 2.0 ** -24
         self.slack_q = _round_up(quantized.norm(dim=1))
         self.slack_h = _round_up((exact - quantized).norm(dim=1) + rounding * exact.norm(dim=1))
 

@@ -103,9 +103,16 @@ class ModelRunner:
 
     @property
     def kernels(self) -> dict[str, str]:
-        """Which kernels run: {"body": ..., "head": ...}, each "native" or "pytorch: <why>" (for reports)."""
+        """Which kernels run: {"body": ..., "head": ...}, each "native" or "pytorch: <why>", and "matmul": the
+        native linear layers' instructions ("amx", "avx512", both joined by "+") or "pytorch" (for reports)."""
+        matmul = "pytorch"
+        if self.model.native is not None:
+            c = self.cfg
+            widths = (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size)
+            matmul = "+".join(sorted({self.model.native.extension.matmul_path(k) for k in widths}))
         return {"body": "native" if self.native_unavailable is None else f"pytorch: {self.native_unavailable}",
-                "head": "native" if self.native_head is not None else f"pytorch: {self.native_head_unavailable}"}
+                "head": "native" if self.native_head is not None else f"pytorch: {self.native_head_unavailable}",
+                "matmul": matmul}
 
     @torch.inference_mode()
     def forward(self, rows: list[int], input_ids: torch.Tensor, num_new: list[int] | None = None) -> torch.Tensor:

@@ -48,12 +48,14 @@ def _runner(path, monkeypatch, native: bool) -> ModelRunner:
 
 @needs_native
 def test_runner_reports_which_kernels_run(native_ckpts, monkeypatch):
-    assert _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=True).kernels == {
-        "body": "native", "head": "native" if native_extension.cpu_has("avx512_vnni") else
-        "pytorch: this CPU lacks AVX512-VNNI"}
+    kernels = _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=True).kernels
+    assert kernels["body"] == "native" and kernels["matmul"] in ("amx", "avx512")
+    assert kernels["head"] == ("native" if native_extension.cpu_has("avx512_vnni") else
+                               "pytorch: this CPU lacks AVX512-VNNI")
+    assert kernels["matmul"] == ("amx" if native_extension.cpu_has("amx_bf16") else "avx512")
     assert _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=False).kernels == {
         "body": "pytorch: turned off by ANYDRAFT_NATIVE=0",
-        "head": "pytorch: the native body does not run (turned off by ANYDRAFT_NATIVE=0)"}
+        "head": "pytorch: the native body does not run (turned off by ANYDRAFT_NATIVE=0)", "matmul": "pytorch"}
 
 
 def test_why_not_native_names_the_reason(monkeypatch):

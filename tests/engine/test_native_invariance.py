@@ -3,6 +3,11 @@ inside batches of several shapes, at any place in them, in a prefill, and with 1
 the greedy head falls back to full logits (same ids) when its int8 screen cannot narrow a row."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -39,9 +44,11 @@ def _weight(rows: int, cols: int, seed: int) -> torch.Tensor:
     return (torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) / cols ** 0.5).bfloat16()
 
 
-@pytest.mark.parametrize("cols, rows", [(1024, 4096), (1024, 6144), (3072, 1024), (2048, 12288), (6144, 2048),
-                                        (1040, 1000)])   # the last: a column tail (1040 % 32) and a row tail (% 16)
-def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols, rows):
+SHAPES = [(1024, 4096), (1024, 6144), (3072, 1024), (2048, 12288), (6144, 2048),
+          (1040, 1000)]   # the last: a column tail (1040 % 32: always the AVX-512 path) and a row tail (% 16)
+
+
+def check_linear(cols: int, rows: int) -> None:
     """The linear kernel every layer uses (head_logits is it without bias): each output row is the same function
     of its own input row whatever M, the row's place, or the threads."""
     extension = load_extension()
@@ -57,6 +64,23 @@ def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols,
                 assert torch.equal(extension.head_logits(x[order], weight), alone[order]), (count, size)
     exact = x.double() @ weight.double().T
     assert ((alone.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()   # one bf16 rounding
+
+
+@pytest.mark.parametrize("cols, rows", SHAPES)
+def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols, rows):
+    check_linear(cols, rows)
+
+
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="without AMX the test above already runs the AVX-512 path")
+def test_the_avx512_path_is_batch_invariant_too_on_amx_machines():
+    """ANYDRAFT_NATIVE_AMX=0 (read once per process) forces the AVX-512 kernel that CPUs without AMX run."""
+    code = ("import sys; sys.path.insert(0, {here!r}); import test_native_invariance as t; "
+            "from anydraft.model.native_extension import load_extension; "
+            "assert load_extension().matmul_path(1024) == 'avx512'; "
+            "[t.check_linear(c, r) for c, r in [(1024, 4096), (3072, 1024), (1040, 1000)]]")
+    done = subprocess.run([sys.executable, "-c", code.format(here=str(Path(__file__).parent))], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "ANYDRAFT_NATIVE_AMX": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def _layer_model(hidden: int, intermediate: int, seed: int = 0) -> CausalLM:

@@ -12,7 +12,11 @@ torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight);
 std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                           torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows);
 
+bool matmul_uses_amx(int64_t K);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("matmul_path", [](int64_t K) { return matmul_uses_amx(K) ? "amx" : "avx512"; },
+        "which linear kernel runs a weight of K columns in this process");
   m.def("decoder_forward", &decoder_forward, "Llama-family decoder body, bf16, batch-invariant");
   m.def("head_logits", &head_logits, "bf16 logits of an output head, batch-invariant");
   m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");

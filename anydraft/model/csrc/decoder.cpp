@@ -12,7 +12,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include "kernels.h"
+#include "linear.h"
 
 #include <cmath>
 #include <cstdint>

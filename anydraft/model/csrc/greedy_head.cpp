@@ -10,7 +10,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include "kernels.h"
+#include "linear.h"
 
 #include <cmath>
 #include <cstdint>
@@ -32,8 +32,10 @@ struct Best {  // running argmax: the larger value, the lower index on ties
   }
 };
 
-inline float exact_logit(const uint16_t* x, const uint16_t* w, int64_t K) {
-  return round_bf16(dot_bf16(x, w, K) + 0.f);   // as linear() with no bias
+inline float exact_logit(const uint16_t* x, const uint16_t* w, int64_t K, int64_t row) {
+  float out;
+  exact_dots(x, K, w, &row, 1, &out);   // as linear() with no bias
+  return out;
 }
 
 // A row whose screen leaves more than this fraction of the head to compute exactly (degenerate activations, e.g.
@@ -74,6 +76,8 @@ struct Screen {  // one activation row quantized for the int8 pass
 };
 
 }  // namespace
+
+bool matmul_uses_amx(int64_t K) { return use_amx(K); }
 
 // logits [..., N] bf16 = bf16(hidden @ weight^T), each output computed the same way whatever the batch.
 torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight) {
@@ -199,7 +203,7 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
   for (int64_t m = 0; m < M; ++m) {
     for (int t = 0; t < threads; ++t) {
       const Best& s = seeds[M * t + m];
-      if (s.index >= 0) best[m].offer(exact_logit(xb.data() + m * K, wp + s.index * K, K), s.index);
+      if (s.index >= 0) best[m].offer(exact_logit(xb.data() + m * K, wp, K, s.index), s.index);
     }
     // A row whose bound is more than a bf16 step below the best exact logit cannot round up to it (K * FLT_MIN:
     // what flushing denormal partial sums to zero can change).
@@ -240,13 +244,17 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
       if (is_full[m]) continue;
       const float* b = bound.data() + m * padded;
       const __m512 t = _mm512_set1_ps(threshold[m]);
+      std::vector<int64_t> survivors;
       int64_t n = n0;
       for (; n + 16 <= n1; n += 16)   // 16 bounds per compare; almost every block has no survivor
         if (_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ))
           for (int64_t i = n; i < n + 16; ++i)
-            if (!(b[i] < threshold[m])) winner[m].offer(exact_logit(xb.data() + m * K, wp + i * K, K), i);
+            if (!(b[i] < threshold[m])) survivors.push_back(i);
       for (; n < n1; ++n)
-        if (!(b[n] < threshold[m])) winner[m].offer(exact_logit(xb.data() + m * K, wp + n * K, K), n);
+        if (!(b[n] < threshold[m])) survivors.push_back(n);
+      std::vector<float> exact(survivors.size());
+      exact_dots(xb.data() + m * K, K, wp, survivors.data(), int64_t(survivors.size()), exact.data());
+      for (size_t i = 0; i < survivors.size(); ++i) winner[m].offer(exact[i], survivors[i]);
     }
   });
   for (int64_t m = 0; m < M; ++m) {

@@ -1,0 +1,282 @@
+// The linear layer of the native kernels: y = bf16(x @ w^T + bias) for bf16 activations and a bf16 weight in
+// PyTorch's row-major layout (no repacked copy), each weight block read from memory once for all activation rows.
+//
+// Every output is one fixed function of its own activation row and weight row: its summation order depends on
+// nothing else (not the number of rows, the row's place among them, or the threads, which split the weight
+// rows and never the sums), so a row computed alone and inside any batch is bit-identical. Two paths, chosen
+// per process and per width K only (never per batch), so that holds within a process:
+//  - AMX (Sapphire Rapids and later; K a multiple of 32): 16 weight rows x up to 16 activation rows per tile
+//    instruction, TDPBF16PS (each output a hardware dot product over its own row and column, in k order);
+//  - AVX-512: 4 activation rows x 4 weight rows in registers, VDPBF16PS into 16 fp32 lanes, then one lane tree.
+// ANYDRAFT_NATIVE_AMX=0 forces the AVX-512 path (tests use it to check that path on AMX machines).
+#pragma once
+#include "kernels.h"
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace anydraft_native {
+
+// One fp32 vector's lanes summed in one fixed tree: ((l0+l8)+(l4+l12)) + ((l2+l10)+(l6+l14)) + ... as
+// t_i = l_i + l_{i+8}, u_i = t_i + t_{i+4}, v_i = u_i + u_{i+2}, v_0 + v_1 (reduce16 does 16 at once, same tree).
+inline float reduce_tree(__m512 v) {
+  alignas(64) float l[16];
+  _mm512_store_ps(l, v);
+  float t[8], u[4];
+  for (int i = 0; i < 8; ++i) t[i] = l[i] + l[i + 8];
+  for (int i = 0; i < 4; ++i) u[i] = t[i] + t[i + 4];
+  return (u[0] + u[2]) + (u[1] + u[3]);
+}
+
+// 16 vectors -> lane j = reduce_tree(a[j]), by transposing additions (about 2 instructions per sum).
+inline __m512 reduce16(const __m512* a) {
+  __m512 b[8], e[4], f[2];
+  for (int p = 0; p < 8; ++p)   // lanes 0-7: t of a[2p], lanes 8-15: t of a[2p+1]
+    b[p] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0x44), _mm512_shuffle_f32x4(a[2 * p], a[2 * p + 1], 0xEE));
+  for (int p = 0; p < 4; ++p)   // 128-bit group g: u of a[4p+g]
+    e[p] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88), _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD));
+  for (int p = 0; p < 2; ++p)   // group g: v0, v1 of a[8p+g], then of a[8p+4+g]
+    f[p] = _mm512_add_ps(_mm512_shuffle_ps(e[2 * p], e[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(e[2 * p], e[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // lane 4g+j: the sum of a[g+4j]; put it at lane g+4j
+  const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_ps(f[0], f[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, sums);
+}
+
+// acc lane i += x[2i+1] * w[2i+1], then += x[2i] * w[2i]: VDPBF16PS (products of bf16 are exact in fp32, one
+// rounding per addition). Without AVX512-BF16 the same additions as two FMAs (equal except for denormals,
+// which VDPBF16PS flushes).
+inline __m512 dot_step(__m512 acc, __m512i x, __m512i w) {
+#if defined(__AVX512BF16__)
+  return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w);
+#else
+  const __m512i high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(x, high)), _mm512_castsi512_ps(_mm512_and_si512(w, high)), acc);
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(x, 16)), _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), acc);
+#endif
+}
+
+constexpr int64_t PAIR_STEP = 32;   // bf16 per dot_step
+
+inline __m512i load_step(const uint16_t* p, int64_t left) {   // 32 bf16, or the last `left` < 32 then zeros
+  return left >= PAIR_STEP ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)((1ull << left) - 1), p);
+}
+
+// The dot products of R activation rows (bf16, row stride K) with C weight rows (bf16, row stride K): one
+// accumulator per pair, 32 columns per step, in column order. Each pair's arithmetic is the same whatever R and
+// C: this tile is what lets a weight row be read once for several activation rows.
+template <int R, int C>
+inline void dot_tile(const uint16_t* x, int64_t K, const uint16_t* const* w, __m512 (*acc)[16], int c0) {
+  __m512 a[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) a[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += PAIR_STEP) {
+    __m512i wv[C];
+    for (int c = 0; c < C; ++c) wv[c] = load_step(w[c] + k, K - k);
+    for (int r = 0; r < R; ++r) {
+      const __m512i xv = load_step(x + r * K + k, K - k);
+      for (int c = 0; c < C; ++c) a[r][c] = dot_step(a[r][c], xv, wv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c0 + c] = a[r][c];
+}
+
+// One activation row and one weight row: the same arithmetic as each pair of dot_tile + reduce16.
+inline float dot_bf16(const uint16_t* x, const uint16_t* w, int64_t K) {
+  __m512 acc[1][16];
+  const uint16_t* rows[1] = {w};
+  dot_tile<1, 1>(x, K, rows, acc, 0);
+  return reduce_tree(acc[0][0]);
+}
+
+// Activations as bf16 (exact: the fp32 values hold bf16 numbers).
+inline std::vector<uint16_t> to_bf16(const float* x, int64_t n) {
+  std::vector<uint16_t> out(n);
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(x[i]);
+  return out;
+}
+
+// R activation rows against a block of 16 weight rows [n0, n0+16) (rows past N repeat row N-1, not stored).
+template <int R>
+inline void linear_block(const uint16_t* x, int64_t K, const uint16_t* w, const uint16_t* bias, int64_t n0,
+                         int64_t N, float* y) {
+  __m512 acc[R][16];
+  const uint16_t* rows[16];
+  for (int c = 0; c < 16; ++c) rows[c] = w + std::min(n0 + c, N - 1) * K;
+  for (int c0 = 0; c0 < 16; c0 += 4) dot_tile<R, 4>(x, K, rows + c0, acc, c0);
+  const __mmask16 valid = (__mmask16)(N - n0 >= 16 ? 0xFFFF : (1u << (N - n0)) - 1);
+  __m512 b = _mm512_setzero_ps();
+  if (bias) b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, bias + n0)), 16));
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, _mm512_add_ps(reduce16(acc[r]), b));
+    for (int c = 0; c < 16 && n0 + c < N; ++c) y[r * N + n0 + c] = round_bf16(sums[c]);
+  }
+}
+
+// y [M, N] = bf16(x [M, K] @ w[N, K]^T + bias), values kept as fp32 holding bf16 numbers.
+// Every output is the same function of its own activation row and weight row (dot_tile's order, reduce16's
+// tree), whatever M, the row's place in the batch, or the threads: threads split the weight rows (outputs),
+// never the columns they sum over. Each block of 16 weight rows is read from memory once for all M rows (4
+// activation rows at a time against it, from cache after the first).
+inline void linear_avx512(const uint16_t* xp, int64_t M, int64_t K, const uint16_t* w, const uint16_t* bias,
+                          int64_t N, float* y) {
+  const int64_t blocks = (N + 15) / 16;
+  const int64_t grain = std::max<int64_t>(1, 16384 / (K * std::max<int64_t>(M, 1)));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * 16;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) linear_block<4>(xp + m * K, K, w, bias, n0, N, y + m * N);
+      switch (M - m) {
+        case 3: linear_block<3>(xp + m * K, K, w, bias, n0, N, y + m * N); break;
+        case 2: linear_block<2>(xp + m * K, K, w, bias, n0, N, y + m * N); break;
+        case 1: linear_block<1>(xp + m * K, K, w, bias, n0, N, y + m * N); break;
+        default: break;
+      }
+    }
+  });
+}
+
+
+// Whether this process may use AMX tiles: Linux grants the tile state on request (once per process).
+inline bool amx_ready() {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  static const bool ready = [] {
+    const char* setting = std::getenv("ANYDRAFT_NATIVE_AMX");
+    if (setting && std::string(setting) == "0") return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ready;
+#else
+  return false;
+#endif
+}
+
+inline bool use_amx(int64_t K) { return K % 32 == 0 && amx_ready(); }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// Tiles: 0, 1 results [16 weight rows, mc activation rows] fp32; 2, 3 weight rows [16, 32 bf16];
+// 4 activations [16 column pairs, mc rows x 2 bf16].
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+struct Tiles {   // one thread's tile configuration, loaded when the activation group's width changes
+  int64_t mc = 0;
+  void use(int64_t width) {
+    if (width == mc) return;
+    TileConfig cfg;
+    for (int t = 0; t < 5; ++t) cfg.rows[t] = 16;
+    cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[4] = uint16_t(4 * width);
+    cfg.colsb[2] = cfg.colsb[3] = 64;
+    _tile_loadconfig(&cfg);
+    mc = width;
+  }
+  ~Tiles() { if (mc) _tile_release(); }
+};
+
+// Activation rows [mc, K] -> [K/2, mc] pairs (a tile row holds one pair of columns of every activation row).
+inline void pair_columns(const uint16_t* x, int64_t mc, int64_t K, uint32_t* out) {
+  for (int64_t j = 0; j < mc; ++j) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>(x + j * K);
+    for (int64_t p = 0; p < K / 2; ++p) out[p * mc + j] = row[p];
+  }
+}
+
+// Two blocks of 16 weight rows (a0, a1; stride K) against mc activation rows (paired) -> c[2][16][16] fp32.
+inline void tile_dots(const uint16_t* a0, const uint16_t* a1, const uint32_t* xb, int64_t mc, int64_t K,
+                      float (*c)[16][16]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t k = 0; k < K; k += 32) {
+    _tile_loadd(4, xb + (k / 2) * mc, 4 * mc);
+    _tile_loadd(2, a0 + k, 2 * K);
+    _tile_loadd(3, a1 + k, 2 * K);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_dpbf16ps(1, 3, 4);
+  }
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+}
+
+inline void linear_amx(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, const uint16_t* bias, int64_t N,
+                       float* y) {
+  const int64_t groups = (M + 15) / 16;
+  std::vector<uint32_t> xb(M * K / 2);   // group g (16 rows) at g * 8K, paired
+  for (int64_t g = 0; g < groups; ++g)
+    pair_columns(x + g * 16 * K, std::min<int64_t>(16, M - g * 16), K, xb.data() + g * 8 * K);
+  const int64_t pairs = (N + 31) / 32;   // 32 weight rows per step
+  const int64_t grain = std::max<int64_t>(1, 8192 / (K * std::max<int64_t>(M, 1)));
+  at::parallel_for(0, pairs, grain, [&](int64_t p0, int64_t p1) {
+    Tiles tiles;
+    std::vector<uint16_t> tail;   // the last weight rows, zero-padded to 32 (rows past N are not stored)
+    alignas(64) float c[2][16][16];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * 32;
+      const uint16_t* a = w + n0 * K;
+      if (n0 + 32 > N) {
+        tail.assign(32 * K, 0);
+        std::memcpy(tail.data(), a, (N - n0) * K * sizeof(uint16_t));
+        a = tail.data();
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t mc = std::min<int64_t>(16, M - g * 16);
+        tiles.use(mc);
+        tile_dots(a, a + 16 * K, xb.data() + g * 8 * K, mc, K, c);
+        for (int64_t i = 0; i < 32 && n0 + i < N; ++i) {
+          const float b = bias ? bf16_to_float(bias[n0 + i]) : 0.f;
+          for (int64_t j = 0; j < mc; ++j) y[(g * 16 + j) * N + n0 + i] = round_bf16(c[i / 16][i % 16][j] + b);
+        }
+      }
+    }
+  });
+}
+#endif
+
+// y [M, N] = bf16(x [M, K] @ w[N, K]^T + bias), x given as fp32 holding bf16 values, y as such values.
+inline void linear(const float* x_f32, int64_t M, int64_t K, const uint16_t* w, const uint16_t* bias, int64_t N,
+                   float* y) {
+  const std::vector<uint16_t> x = to_bf16(x_f32, M * K);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (use_amx(K)) return linear_amx(x.data(), M, K, w, bias, N, y);
+#endif
+  linear_avx512(x.data(), M, K, w, bias, N, y);
+}
+
+// Exact logits of chosen weight rows for one activation row (bf16): the very value linear() gives each
+// (bias-free), so a screen can compute only the rows it needs. out[i] for rows[i], i < count.
+inline void exact_dots(const uint16_t* x, int64_t K, const uint16_t* w, const int64_t* rows, int64_t count,
+                       float* out) {
+  if (count == 0) return;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (use_amx(K)) {
+    Tiles tiles;
+    tiles.use(1);
+    std::vector<uint16_t> gathered(32 * K);
+    alignas(64) float c[2][16][16];
+    for (int64_t i0 = 0; i0 < count; i0 += 32) {
+      const int64_t n = std::min<int64_t>(32, count - i0);
+      std::fill(gathered.begin() + n * K, gathered.end(), 0);
+      for (int64_t i = 0; i < n; ++i) std::memcpy(&gathered[i * K], w + rows[i0 + i] * K, K * sizeof(uint16_t));
+      tile_dots(gathered.data(), gathered.data() + 16 * K, reinterpret_cast<const uint32_t*>(x), 1, K, c);
+      for (int64_t i = 0; i < n; ++i) out[i0 + i] = round_bf16(c[i / 16][i % 16][0] + 0.f);
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < count; ++i) out[i] = round_bf16(dot_bf16(x, w + rows[i] * K, K) + 0.f);
+}
+
+}  // namespace anydraft_native
