@@ -1,6 +1,6 @@
 """Native kernels vs the PyTorch path vs the memory roofline, on a random-weight model of a real shape.
 
-    python bench/native_kernels.py [--shape qwen3-0.6b] [--repeats 5] [--threads 2] [--out bench/results/DATE]
+    PYTHONPATH=. python bench/native_kernels.py [--shape qwen3-0.6b] [--repeats 5] [--threads 2] [--out bench/results/DATE]
 
 Builds the model in memory (random bf16 weights; speed does not depend on the values), runs the target alone's
 decode step (a 1-token forward of every row + the greedy head) on two runners of identical weights, one on the
@@ -110,6 +110,9 @@ def main() -> None:
     degenerate[:, 7] = 3000.0
     degenerate = degenerate.bfloat16()[:, None]
     native, pytorch = runners["native"], runners["pytorch"]
+    with torch.inference_mode():   # ordinary activations: the model's own hidden states
+        ordinary = native.forward(list(range(batch)), torch.randint(0, 151000, (batch, 1), generator=gen))
+        native.cache.rewind(list(range(batch)), [1] * batch)
     quantities = {
         "native step b1": lambda: step(native, [0]),
         "pytorch step b1": lambda: step(pytorch, [0]),
@@ -119,6 +122,12 @@ def main() -> None:
         "pytorch step b16": lambda: step(pytorch, list(range(batch))),
         "oneDNN GEMM 16 same bytes": lambda: torch.nn.functional.linear(x16, roofline_weight),
         "native GEMM 16 same bytes": lambda: extension.head_logits(x16, roofline_weight),
+        "native greedy head b1": lambda: native.greedy_ids(ordinary[:1]),
+        "native full logits b1": lambda: native.logits(ordinary[:1]),
+        "pytorch full logits b1": lambda: pytorch.logits(ordinary[:1]),
+        "native greedy head b4": lambda: native.greedy_ids(ordinary[:4]),
+        "native full logits b4": lambda: native.logits(ordinary[:4]),
+        "native greedy head b16": lambda: native.greedy_ids(ordinary),
         "native greedy head b16 degenerate": lambda: native.greedy_ids(degenerate),
         "native full logits b16": lambda: native.logits(degenerate),
         "pytorch full logits b16": lambda: pytorch.logits(degenerate),
@@ -129,6 +138,7 @@ def main() -> None:
             for name, fn in quantities.items():
                 samples[name].append(timed(fn))
         fell_back = native.native_head.greedy_with_report(degenerate, native.num_token_rows)[1]
+        ordinary_fell_back = native.native_head.greedy_with_report(ordinary[:8], native.num_token_rows)[1]
     medians = {name: statistics.median(values) for name, values in samples.items()}
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {
@@ -139,7 +149,7 @@ def main() -> None:
         "context_tokens": args.context, "batch": batch, "weight_bytes": weight_elements * 2,
         "kernels": {kind: runner.kernels for kind, runner in runners.items()},
         "prefill_ms_per_row": prefill_ms, "median_ms": medians, "samples_ms": samples,
-        "degenerate_rows_that_fell_back": int(fell_back.sum()),
+        "degenerate_rows_that_fell_back": int(fell_back.sum()), "ordinary_rows_of_8_that_fell_back": int(ordinary_fell_back.sum()),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"native_kernels_{args.shape}.json"

@@ -24,11 +24,23 @@ def _expected(head: NativeHead, hidden: torch.Tensor, num_rows: int) -> torch.Te
     return head.logits(hidden)[..., :num_rows].float().argmax(dim=-1)   # torch: first index among maxima
 
 
+SCREENED_ROWS = 8   # greedy_head.cpp: with AMX, more rows than this take the full logits without the screen
+
+
+def _greedy_screened(head: NativeHead, hidden: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """greedy() in batches small enough for the int8 screen to run (as well as all at once, checked equal)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    screened = torch.cat([head.greedy(flat[i:i + SCREENED_ROWS], num_rows) for i in range(0, len(flat), SCREENED_ROWS)])
+    assert torch.equal(screened.view(hidden.shape[:-1]), head.greedy(hidden, num_rows))
+    return screened.view(hidden.shape[:-1])
+
+
 def test_greedy_equals_argmax_of_logits_on_random_rows():
     head = _head(5000)
     hidden = (torch.randn(3, 7, 128, generator=torch.Generator().manual_seed(1)) * 4).bfloat16()
-    assert torch.equal(head.greedy(hidden, 5000), _expected(head, hidden, 5000))
+    assert torch.equal(_greedy_screened(head, hidden, 5000), _expected(head, hidden, 5000))
     assert head.greedy(hidden, 5000).shape == (3, 7)
+    assert not head.greedy_with_report(hidden[0, :4], 5000)[1].any()   # the screen decided: no fallback
 
 
 def test_greedy_breaks_ties_to_the_lowest_row_as_torch_does():
@@ -50,7 +62,7 @@ def test_greedy_near_ties_one_bf16_step_apart():
     head = NativeHead(weight, load_extension())
     gen = torch.Generator().manual_seed(4)
     hidden = (base.float()[None] * 30 + torch.randn(64, 128, generator=gen) * 0.3).bfloat16()
-    assert torch.equal(head.greedy(hidden, 4000), _expected(head, hidden, 4000))
+    assert torch.equal(_greedy_screened(head, hidden, 4000), _expected(head, hidden, 4000))
 
 
 def test_rows_past_num_rows_are_never_chosen():
@@ -77,6 +89,15 @@ def test_logits_do_not_depend_on_the_other_rows_of_the_batch():
     assert all(torch.equal(together[i], head.logits(hidden[i:i + 1])[0]) for i in range(9))
     exact = hidden.double() @ head.weight.double().T
     assert ((together.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()   # one bf16 rounding
+
+
+def test_many_rows_give_the_same_ids_with_or_without_the_screen():
+    """Past SCREENED_ROWS rows an AMX machine skips the screen (full logits are cheaper there); ids unchanged."""
+    head = _head(6000, width=256, seed=11)
+    hidden = (torch.randn(16, 256, generator=torch.Generator().manual_seed(12)) * 3).bfloat16()
+    ids, fell_back = head.greedy_with_report(hidden, 5999)
+    assert torch.equal(ids, _expected(head, hidden, 5999)) and torch.equal(_greedy_screened(head, hidden, 5999), ids)
+    assert fell_back.all() == (load_extension().matmul_path(256) == "amx")
 
 
 def test_width_not_a_multiple_of_64_is_refused():

@@ -42,6 +42,10 @@ inline float exact_logit(const uint16_t* x, const uint16_t* w, int64_t K, int64_
 // one token repeated, whose outliers make the int8 copy of the row coarse) gets all its logits from linear(),
 // which reads the head once for all such rows: the same values, so the same argmax, at no more than their cost.
 constexpr int64_t FALLBACK_FRACTION = 64;
+// With AMX the full logits of up to 16 rows cost one read of the bf16 head, while the int8 screen's VNNI work
+// grows with the rows: past this many rows (measured crossover about 12 on a Sapphire Rapids VM, 0.6B head) every
+// row takes the full logits. Without AMX the screen stays (the full logits' AVX-512 work grows with rows too).
+constexpr int64_t SCREEN_MAX_ROWS_AMX = 8;
 
 // R activation rows' codes (4 per int32, row stride K bytes) against one block of 16 head rows:
 // acc[r] lane i = sum over columns of code * q for head row i (codes carry +128, taken out by the caller).
@@ -147,82 +151,108 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
   const int threads = at::get_num_threads();
   std::vector<Best> seeds(M * threads);
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  at::parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) {
-    Best* seed = &seeds[M * at::get_thread_num()];
-    std::vector<__m512> best_score(M, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
-    std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
-    for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
-      const int8_t* qb = qp + b * groups * 64;
-      const int64_t n = b * 16;
-      const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
-      const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
-      const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
-      const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
-      const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
-      // int8 scores of these 16 head rows for every activation row, 4 activation rows per pass over the block
-      // (the block's vectors are loaded once per pass; VNNI multiply-adds are what the pass costs)
-      __m512i accs[4];
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {
-        const int64_t mc = std::min<int64_t>(4, M - m0);
-        const int32_t* c = reinterpret_cast<const int32_t*>(codes.data() + m0 * K);
-        switch (mc) {
-          case 4: int8_scores<4>(c, K, qb, groups, accs); break;
-          case 3: int8_scores<3>(c, K, qb, groups, accs); break;
-          case 2: int8_scores<2>(c, K, qb, groups, accs); break;
-          default: int8_scores<1>(c, K, qb, groups, accs); break;
-        }
-        for (int64_t j = 0; j < mc; ++j) {
-          const int64_t m = m0 + j;
-          const Screen& s = screens[m];
-          const __m512i acc = accs[j];
-          const __m512i dot = _mm512_sub_epi32(acc, offset);   // exact integer p . q_n per lane
-          const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
-          const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
-                                               _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
-          _mm512_storeu_ps(bound.data() + m * padded + n, _mm512_add_ps(score, slack));
-          const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, score, best_score[m], _CMP_GT_OQ);
-          best_score[m] = _mm512_mask_blend_ps(better, best_score[m], score);
-          best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
+  // Blocks [b_begin, b_end) of the head for the activation rows `active`.
+  auto screen_blocks = [&](int64_t b_begin, int64_t b_end, const std::vector<int64_t>& active) {
+    const int64_t A = int64_t(active.size());
+    if (A == 0 || b_begin >= b_end) return;
+    std::vector<uint8_t> active_codes(A * K);
+    for (int64_t j = 0; j < A; ++j) std::memcpy(&active_codes[j * K], &codes[active[j] * K], K);
+    at::parallel_for(b_begin, b_end, 256, [&](int64_t b0, int64_t b1) {
+      Best* seed = &seeds[M * at::get_thread_num()];
+      std::vector<__m512> best_score(A, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+      std::vector<__m512i> best_row(A, _mm512_set1_epi32(-1));
+      for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
+        const int8_t* qb = qp + b * groups * 64;
+        const int64_t n = b * 16;
+        const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
+        const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
+        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
+        const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
+        const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
+        // int8 scores of these 16 head rows for every activation row, 4 activation rows per pass over the block
+        // (the block's vectors are loaded once per pass; VNNI multiply-adds are what the pass costs)
+        __m512i accs[4];
+        for (int64_t a0 = 0; a0 < A; a0 += 4) {
+          const int64_t ac = std::min<int64_t>(4, A - a0);
+          const int32_t* c = reinterpret_cast<const int32_t*>(active_codes.data() + a0 * K);
+          switch (ac) {
+            case 4: int8_scores<4>(c, K, qb, groups, accs); break;
+            case 3: int8_scores<3>(c, K, qb, groups, accs); break;
+            case 2: int8_scores<2>(c, K, qb, groups, accs); break;
+            default: int8_scores<1>(c, K, qb, groups, accs); break;
+          }
+          for (int64_t j = 0; j < ac; ++j) {
+            const int64_t m = active[a0 + j];
+            const Screen& s = screens[m];
+            const __m512i dot = _mm512_sub_epi32(accs[j], offset);   // exact integer p . q_n per lane
+            const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
+            const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
+                                                 _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
+            _mm512_storeu_ps(bound.data() + m * padded + n, _mm512_add_ps(score, slack));
+            const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, score, best_score[a0 + j], _CMP_GT_OQ);
+            best_score[a0 + j] = _mm512_mask_blend_ps(better, best_score[a0 + j], score);
+            best_row[a0 + j] = _mm512_mask_blend_epi32(better, best_row[a0 + j], rows);
+          }
         }
       }
-    }
-    for (int64_t m = 0; m < M; ++m) {
-      alignas(64) float scores[16];
-      alignas(64) int32_t row_ids[16];
-      _mm512_store_ps(scores, best_score[m]);
-      _mm512_store_si512(row_ids, best_row[m]);
-      for (int l = 0; l < 16; ++l)
-        if (row_ids[l] >= 0) seed[m].offer(scores[l], row_ids[l]);
-    }
-  });
+      for (int64_t j = 0; j < A; ++j) {
+        alignas(64) float scores[16];
+        alignas(64) int32_t row_ids[16];
+        _mm512_store_ps(scores, best_score[j]);
+        _mm512_store_si512(row_ids, best_row[j]);
+        for (int l = 0; l < 16; ++l)
+          if (row_ids[l] >= 0) seed[active[j]].offer(scores[l], row_ids[l]);
+      }
+    });
+  };
 
-  auto result = torch::empty({M}, hidden.options().dtype(at::kLong));
-  int64_t* rp = result.data_ptr<int64_t>();
   std::vector<float> threshold(M);
   std::vector<Best> best(M);
-  for (int64_t m = 0; m < M; ++m) {
+  // best[m]: the best exact logit among the seeds so far; threshold[m]: a row whose bound is more than a bf16
+  // step below it cannot round up to it (K * FLT_MIN: what flushing denormal partial sums to zero can change).
+  auto set_threshold = [&](int64_t m) {
+    best[m] = Best();
     for (int t = 0; t < threads; ++t) {
       const Best& s = seeds[M * t + m];
       if (s.index >= 0) best[m].offer(exact_logit(xb.data() + m * K, wp, K, s.index), s.index);
     }
-    // A row whose bound is more than a bf16 step below the best exact logit cannot round up to it (K * FLT_MIN:
-    // what flushing denormal partial sums to zero can change).
     const float v = best[m].value;
     threshold[m] = screens[m].usable ? v - std::fabs(v) * (1.f / 64.f) - float(K) * std::numeric_limits<float>::min()
                                      : -std::numeric_limits<float>::infinity();
+  };
+  auto survivors_below = [&](int64_t m, int64_t end) {   // bounds at or above the threshold in [0, end)
+    const float* b = bound.data() + m * padded;
+    const __m512 t = _mm512_set1_ps(threshold[m]);
+    int64_t count = 0;
+    for (int64_t n = 0; n < end; n += 16)   // padding rows past num_rows count too: a cheap upper bound
+      count += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ));
+    return count;
+  };
+
+  // A probe of the head's first blocks: rows it already leaves wide open (more than 1/FALLBACK_FRACTION of the
+  // probed rows standing; the probe's threshold is at most the final one, so this overestimates) skip the rest
+  // of the screen and take the full logits, so a degenerate row costs little more than its full logits.
+  const bool screen = !(use_amx(K) && M > SCREEN_MAX_ROWS_AMX);
+  const int64_t probe = screen ? std::min(blocks, std::max<int64_t>(64, blocks / 32)) : 0;
+  std::vector<int64_t> all(screen ? M : 0), rest;
+  for (int64_t m = 0; m < int64_t(all.size()); ++m) all[m] = m;
+  screen_blocks(0, probe, all);
+  std::vector<char> is_full(M, screen ? 0 : 1);
+  for (int64_t m = 0; m < int64_t(all.size()); ++m) {
+    set_threshold(m);
+    if (survivors_below(m, probe * 16) * FALLBACK_FRACTION > std::min(probe * 16, num_rows)) is_full[m] = 1;
+    else rest.push_back(m);
+  }
+  screen_blocks(probe, blocks, rest);
+  for (int64_t m : rest) {
+    set_threshold(m);
+    if (survivors_below(m, padded) * FALLBACK_FRACTION > num_rows) is_full[m] = 1;
   }
 
   // Rows the screen cannot narrow enough: all their logits at once (linear() reads the head once for all).
   std::vector<int64_t> full_rows;
-  for (int64_t m = 0; m < M; ++m) {
-    const float* b = bound.data() + m * padded;
-    const __m512 t = _mm512_set1_ps(threshold[m]);
-    int64_t survivors = 0;
-    for (int64_t n = 0; n < padded; n += 16)   // padding rows past num_rows count too: a cheap upper bound
-      survivors += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ));
-    if (survivors * FALLBACK_FRACTION > num_rows) full_rows.push_back(m);
-  }
-  std::vector<char> is_full(M, 0);
+  for (int64_t m = 0; m < M; ++m)
+    if (is_full[m]) full_rows.push_back(m);
   if (!full_rows.empty()) {
     const int64_t F = int64_t(full_rows.size());
     std::vector<float> xf(F * K), logits(F * num_rows);
@@ -232,9 +262,11 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
       Best top;
       for (int64_t n = 0; n < num_rows; ++n) top.offer(logits[f * num_rows + n], n);
       best[full_rows[f]] = top;
-      is_full[full_rows[f]] = 1;
     }
   }
+
+  auto result = torch::empty({M}, hidden.options().dtype(at::kLong));
+  int64_t* rp = result.data_ptr<int64_t>();
 
   // Pass 2: exact logits of the rows that could still win.
   std::vector<Best> winners(M * threads);

@@ -165,26 +165,32 @@ inline bool amx_ready() {
 inline bool use_amx(int64_t K) { return K % 32 == 0 && amx_ready(); }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// Tiles: 0, 1 results [16 weight rows, mc activation rows] fp32; 2, 3 weight rows [16, 32 bf16];
-// 4 activations [16 column pairs, mc rows x 2 bf16].
+// Tiles: 0-3 results [16 weight rows, activation rows] fp32 (0, 1: group a; 2, 3: group b); 4, 5 weight rows
+// [16, 32 bf16]; 6, 7 activations [16 column pairs, rows x 2 bf16] of groups a and b (up to 16 rows each).
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
 
-struct Tiles {   // one thread's tile configuration, loaded when the activation group's width changes
-  int64_t mc = 0;
-  void use(int64_t width) {
-    if (width == mc) return;
+struct Tiles {   // one thread's tile configuration, loaded when the activation groups' widths change
+  int64_t a = 0, b = 0;
+  bool loaded = false;
+  void use(int64_t width_a, int64_t width_b) {
+    if (loaded && width_a == a && width_b == b) return;
     TileConfig cfg;
-    for (int t = 0; t < 5; ++t) cfg.rows[t] = 16;
-    cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[4] = uint16_t(4 * width);
-    cfg.colsb[2] = cfg.colsb[3] = 64;
+    const int64_t widths[8] = {width_a, width_a, width_b, width_b, 16, 16, width_a, width_b};
+    for (int t = 0; t < 8; ++t)
+      if (widths[t]) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = uint16_t(4 * widths[t]);
+      }
     _tile_loadconfig(&cfg);
-    mc = width;
+    loaded = true;
+    a = width_a;
+    b = width_b;
   }
-  ~Tiles() { if (mc) _tile_release(); }
+  ~Tiles() { if (loaded) _tile_release(); }
 };
 
 // Activation rows [mc, K] -> [K/2, mc] pairs (a tile row holds one pair of columns of every activation row).
@@ -195,20 +201,43 @@ inline void pair_columns(const uint16_t* x, int64_t mc, int64_t K, uint32_t* out
   }
 }
 
-// Two blocks of 16 weight rows (a0, a1; stride K) against mc activation rows (paired) -> c[2][16][16] fp32.
-inline void tile_dots(const uint16_t* a0, const uint16_t* a1, const uint32_t* xb, int64_t mc, int64_t K,
+// Two blocks of 16 weight rows (a0, a1; stride K) against one group of activation rows (paired) -> c[2][16][16].
+inline void tile_dots(const uint16_t* a0, const uint16_t* a1, const uint32_t* xa, int64_t mca, int64_t K,
                       float (*c)[16][16]) {
   _tile_zero(0);
   _tile_zero(1);
   for (int64_t k = 0; k < K; k += 32) {
-    _tile_loadd(4, xb + (k / 2) * mc, 4 * mc);
-    _tile_loadd(2, a0 + k, 2 * K);
-    _tile_loadd(3, a1 + k, 2 * K);
-    _tile_dpbf16ps(0, 2, 4);
-    _tile_dpbf16ps(1, 3, 4);
+    _tile_loadd(6, xa + (k / 2) * mca, 4 * mca);
+    _tile_loadd(4, a0 + k, 2 * K);
+    _tile_loadd(5, a1 + k, 2 * K);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
   }
   _tile_stored(0, c[0], 64);
   _tile_stored(1, c[1], 64);
+}
+
+// The same for two groups at once (prefill): each weight tile loaded once for both -> c[4][16][16].
+inline void tile_dots2(const uint16_t* a0, const uint16_t* a1, const uint32_t* xa, int64_t mca, const uint32_t* xb,
+                       int64_t mcb, int64_t K, float (*c)[16][16]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t k = 0; k < K; k += 32) {
+    _tile_loadd(4, a0 + k, 2 * K);
+    _tile_loadd(5, a1 + k, 2 * K);
+    _tile_loadd(6, xa + (k / 2) * mca, 4 * mca);
+    _tile_loadd(7, xb + (k / 2) * mcb, 4 * mcb);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
 }
 
 inline void linear_amx(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, const uint16_t* bias, int64_t N,
@@ -222,7 +251,7 @@ inline void linear_amx(const uint16_t* x, int64_t M, int64_t K, const uint16_t* 
   at::parallel_for(0, pairs, grain, [&](int64_t p0, int64_t p1) {
     Tiles tiles;
     std::vector<uint16_t> tail;   // the last weight rows, zero-padded to 32 (rows past N are not stored)
-    alignas(64) float c[2][16][16];
+    alignas(64) float c[4][16][16];
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * 32;
       const uint16_t* a = w + n0 * K;
@@ -231,13 +260,15 @@ inline void linear_amx(const uint16_t* x, int64_t M, int64_t K, const uint16_t* 
         std::memcpy(tail.data(), a, (N - n0) * K * sizeof(uint16_t));
         a = tail.data();
       }
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t mc = std::min<int64_t>(16, M - g * 16);
-        tiles.use(mc);
-        tile_dots(a, a + 16 * K, xb.data() + g * 8 * K, mc, K, c);
+      for (int64_t g = 0; g < groups; g += 2) {
+        const int64_t mca = std::min<int64_t>(16, M - g * 16), mcb = g + 1 < groups ? std::min<int64_t>(16, M - g * 16 - 16) : 0;
+        tiles.use(mca, mcb);
+        if (mcb) tile_dots2(a, a + 16 * K, xb.data() + g * 8 * K, mca, xb.data() + (g + 1) * 8 * K, mcb, K, c);
+        else tile_dots(a, a + 16 * K, xb.data() + g * 8 * K, mca, K, c);
         for (int64_t i = 0; i < 32 && n0 + i < N; ++i) {
           const float b = bias ? bf16_to_float(bias[n0 + i]) : 0.f;
-          for (int64_t j = 0; j < mc; ++j) y[(g * 16 + j) * N + n0 + i] = round_bf16(c[i / 16][i % 16][j] + b);
+          for (int64_t j = 0; j < mca; ++j) y[(g * 16 + j) * N + n0 + i] = round_bf16(c[i / 16][i % 16][j] + b);
+          for (int64_t j = 0; j < mcb; ++j) y[(g * 16 + 16 + j) * N + n0 + i] = round_bf16(c[2 + i / 16][i % 16][j] + b);
         }
       }
     }
@@ -263,7 +294,7 @@ inline void exact_dots(const uint16_t* x, int64_t K, const uint16_t* w, const in
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if (use_amx(K)) {
     Tiles tiles;
-    tiles.use(1);
+    tiles.use(1, 0);
     std::vector<uint16_t> gathered(32 * K);
     alignas(64) float c[2][16][16];
     for (int64_t i0 = 0; i0 < count; i0 += 32) {
