@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from .config import ModelConfig
-from .packed_linear import SMALL_WEIGHT_ELEMENTS
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples

@@ -12,7 +12,7 @@ from test_native_decoder import HARDWARE
 
 # Only the hardware may skip these: on a CPU with AVX-512 and VNNI a failed build fails them.
 pytestmark = pytest.mark.skipif(HARDWARE is not None or not cpu_has("avx512_vnni"),
-                                reason=f"native head cannot run here: {HARDWARE or 'no AVX512-VNNI'}")
+                                reason=f"hardware: {HARDWARE or 'this CPU lacks AVX512-VNNI'}")
 
 
 def _head(rows: int, width: int = 128, seed: int = 0) -> NativeHead:

@@ -71,7 +71,7 @@ def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols,
     check_linear(cols, rows)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="without AMX the test above already runs the AVX-512 path")
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (the test above runs the AVX-512 path)")
 def test_the_avx512_path_is_batch_invariant_too_on_amx_machines():
     """ANYDRAFT_NATIVE_AMX=0 (read once per process) forces the AVX-512 kernel that CPUs without AMX run."""
     code = ("import sys; sys.path.insert(0, {here!r}); import test_native_invariance as t; "
@@ -157,7 +157,7 @@ def test_body_is_as_close_to_float64_as_the_pytorch_path_at_real_size(monkeypatc
     assert errors["1"] < 0.02 * exact.abs().mean().item()
 
 
-@pytest.mark.skipif(not cpu_has("avx512_vnni"), reason="the greedy head needs AVX512-VNNI")
+@pytest.mark.skipif(not cpu_has("avx512_vnni"), reason="hardware: this CPU lacks AVX512-VNNI")
 def test_greedy_head_falls_back_to_full_logits_when_the_screen_cannot_narrow(monkeypatch):
     """One huge activation (as a repeated token gives) makes the int8 copy of the row all but zero: the screen
     bounds every head row loosely. Those rows take all their logits at once; the ids stay the argmax."""
