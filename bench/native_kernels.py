@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -146,7 +145,8 @@ def main() -> None:
         "context_tokens": args.context, "batch": batch, "weight_bytes": weight_elements * 2,
         "kernels": {kind: runner.kernels for kind, runner in runners.items()},
         "prefill_ms_per_row": prefill_ms, "median_ms": medians, "samples_ms": samples,
-        "degenerate_rows_that_fell_back": int(fell_back.sum()), "ordinary_rows_of_8_that_fell_back": int(ordinary_fell_back.sum()),
+        "degenerate_rows_that_fell_back": int(fell_back.sum()),
+        "ordinary_rows_of_8_that_fell_back": int(ordinary_fell_back.sum()),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"native_kernels_{args.shape}.json"
