@@ -186,6 +186,14 @@ def grown_names(plan: GrowthPlan) -> list[str]:
     return names
 
 
+def rotary_dim_map(small_head_dim: int, head_dim: int) -> torch.Tensor:
+    """[d] grown index of each small head dim: rotate-half pair i = (i, i + d/2) turns at θ^(−2i/d), which
+    is pair i·D/d of the grown head = (i·D/d, i·D/d + D/2)."""
+    d, stride = small_head_dim, head_dim // small_head_dim
+    i = torch.arange(d)
+    return torch.where(i < d // 2, i * stride, head_dim // 2 + (i - d // 2) * stride)
+
+
 class _Placer:
     """Index maps from the small model's axes to the grown ones, and the tensors built with them."""
 
@@ -193,14 +201,12 @@ class _Placer:
         self.plan = plan
         small, shape = plan.small, plan.shape
         h, d, big_d = small.hidden_size, small.head_dim, shape.head_dim
-        stride = plan.head_stride
-        i = torch.arange(d)
-        pair_of = torch.where(i < d // 2, i * stride, big_d // 2 + (i - d // 2) * stride)  # [d] small dim -> grown
+        pair_of = rotary_dim_map(d, big_d)
         self.q_dst = torch.cat([slot * big_d + pair_of for slot in plan.q_slots])
         self.q_src = torch.arange(small.num_attention_heads * d)
         kv = [(u_big, u) for u_big, u in enumerate(plan.kv_sources) if u is not None]
         self.kv_dst = torch.cat([u_big * big_d + pair_of for u_big, _ in kv])
-        self.kv_src = torch.cat([u * d + i for _, u in kv])
+        self.kv_src = torch.cat([u * d + torch.arange(d) for _, u in kv])
         self.head_dim_dst = pair_of
         self.hidden = torch.arange(h)      # copy 0: what every reader reads
 
@@ -304,7 +310,7 @@ def grown_tensors(plan: GrowthPlan, small_state: dict[str, torch.Tensor],
     yield "model.norm.weight", place.hidden_norm(small_state["model.norm.weight"])
     if not shape.tie_word_embeddings:
         if small.tie_word_embeddings:
-            yield "lm_head.weight", embedding   # the final norm is zero outside copy 0: same logits
+            yield "lm_head.weight", embedding.clone()   # the final norm is zero outside copy 0: same logits
         else:
             yield "lm_head.weight", place.read_columns(small_state["lm_head.weight"], shape.vocab_size)
 
