@@ -12,9 +12,18 @@ from .model_args import add_draft_head_args, draft_head_options
 
 
 
+# A grown shipped target's same-vocab draft: its family's draft grown into that family's smallest real shape.
+GROWN_DRAFT_SHAPE = {"qwen3": "qwen3-0.6b", "smollm2": "smollm2-135m"}
+
+
 def default_same_vocab_draft(target: str) -> str | None:
-    """The shipped draft of the target's own family: qwen3-target -> qwen3-draft, smollm2-target -> smollm2-draft."""
-    return target.removesuffix("-target") + "-draft" if target in BUILTIN_MODELS and target.endswith("-target") else None
+    """The shipped draft of the target's own family: qwen3-target -> qwen3-draft, smollm2-target -> smollm2-draft;
+    grown: qwen3-target@qwen3-1.7b -> qwen3-draft@qwen3-0.6b, smollm2-target@... -> smollm2-draft@smollm2-135m."""
+    small, grown, _ = target.partition("@")
+    if small not in BUILTIN_MODELS or not small.endswith("-target"):
+        return None
+    family = small.removesuffix("-target")
+    return f"{family}-draft" + (f"@{GROWN_DRAFT_SHAPE[family]}" if grown else "")
 
 
 def _ks(text: str) -> list[int]:

@@ -102,3 +102,11 @@ def test_qwen3_head_norm_epsilon_out_of_reach_names_hidden_size():
     with pytest.raises(GrowError, match="qwen3-0.6b: hidden_size:"):
         plan_growth(small_config("qwen3-target", head_dim=128, num_attention_heads=2, num_key_value_heads=1),
                     get_shape("qwen3-0.6b"))
+
+
+def test_bench_pairs_a_grown_target_with_its_familys_grown_draft():
+    from anydraft.cli.bench_cmd import default_same_vocab_draft
+    assert default_same_vocab_draft("qwen3-target") == "qwen3-draft"
+    assert default_same_vocab_draft("qwen3-target@qwen3-1.7b") == "qwen3-draft@qwen3-0.6b"
+    assert default_same_vocab_draft("smollm2-target@smollm2-1.7b") == "smollm2-draft@smollm2-135m"
+    assert default_same_vocab_draft("some/dir") is None
