@@ -26,6 +26,15 @@ CASES = [("qwen3-target", "qwen3-0.6b"), ("qwen3-draft", "qwen3-1.7b"), ("smollm
          ("smollm2-target", "smollm2-360m"), ("smollm2-draft", "smollm2-1.7b")]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: two spin-wait on each other at every op when the 2-core machine is loaded."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_every_shape_is_covered():
     assert {shape for _, shape in CASES} == set(SHAPES)
 

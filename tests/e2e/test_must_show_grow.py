@@ -17,6 +17,16 @@ NATALIA = ("Question: Natalia sold clips to 48 of her friends in April, and then
            "How many clips did Natalia sell altogether in April and May?\\nAnswer:")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a loaded 2-core machine two threads spin-wait on each other at every op, which
+    costs these 0.6B- and 135M-parameter models (30 layers, ~10 ops each per token) several-fold."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def greedy_ids(model: str, max_tokens: int) -> list[int]:
     llm = LLM(model=model, dtype="float32", max_num_seqs=1, max_model_len=256)
     out = llm.generate([NATALIA.replace("\\n", "\n")], SamplingParams(temperature=0, max_tokens=max_tokens))
