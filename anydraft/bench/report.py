@@ -33,6 +33,20 @@ def markdown_table(result: dict) -> str:
                        ("tli_fr_draft", "TLI, FR head")):
         if f"{key}_seconds" in costs:
             lines[-1] += f" T_draft ({label}) {costs[f'{key}_seconds'] * 1e3:.2f} ms."
+    roofline = result.get("roofline")
+    if roofline:
+        bandwidth = roofline["bandwidth"]
+        lines.append("")
+        lines.append(f"Roofline: memory bandwidth {bandwidth['bytes_per_second'] / 1e9:.1f} GB/s (one {bandwidth['dtype']} "
+                     f"GEMV over {bandwidth['bytes'] / 1e9:.2f} GB, as many bytes as the target's weights, "
+                     f"{bandwidth['threads']} threads), so a batch-1 decode step takes at least "
+                     f"{roofline['target_weight_bytes'] / bandwidth['bytes_per_second'] * 1e3:.1f} ms. Target alone: "
+                     + "; ".join(f"{row['name']} {row['seconds_per_token'] * 1e3:.1f} ms/token = "
+                                 f"{row['fraction_of_bound']:.0%} of the bound" for row in roofline["target_alone"]))
+    startups = [(run["name"], run["startup_seconds"]) for run in result["runs"] if run.get("startup_seconds")]
+    if startups:
+        lines.append("")
+        lines.append("Startup (not in any timing): " + "; ".join(f"{name} {seconds:.0f} s" for name, seconds in startups))
     if result.get("sweep_k"):
         lines.append("")
         lines.append("| k | " + " | ".join(str(r["k"]) for r in result["sweep_k"]) + " |")

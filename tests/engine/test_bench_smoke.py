@@ -1,6 +1,9 @@
 """`anydraft bench` end to end on tiny random checkpoints: every output present, emulation labelled, peers skip cleanly."""
 import json
+import os
+import sys
 
+import pytest
 
 from anydraft.bench.inflate import parse_inflate_spec
 from anydraft.bench.peer_vllm import find_vllm_python
@@ -33,6 +36,13 @@ def test_bench_runs_every_anydraft_contender(ckpts):
     assert set(result["costs"]["verify_seconds"]) == {"1", "2"}
     assert not result["config"]["emulated"]
     assert "anydraft TLI" in markdown_table(result)
+    roofline = result["roofline"]
+    assert roofline["bandwidth"]["bytes_per_second"] > 0 and roofline["bandwidth"]["threads"] == 1
+    assert roofline["bandwidth"]["bytes"] == pytest.approx(roofline["target_weight_bytes"], rel=0.05)
+    [alone] = roofline["target_alone"]          # one system ran, one target-alone row
+    assert alone["name"] == "anydraft target alone"
+    assert alone["fraction_of_bound"] == pytest.approx(alone["bound_seconds_per_token"] / alone["seconds_per_token"])
+    assert "Roofline: memory bandwidth" in markdown_table(result)
     json.dumps(result)   # the JSON file must serialize
 
 
@@ -174,3 +184,43 @@ def test_acceptance_on_identical_texts_uses_only_prompts_both_decoded_alike():
     hf = {"system": "hf", "_outputs": [[1, 2, 3], [4, 5], [7]], "per_prompt_steps": [[3, None], [2, None], [1, None]]}
     assert _acceptance_on_identical_texts(ours, vllm) == {"num_prompts": 2, "anydraft": (4 + 3) / 3, "peer": (3 + 4) / 4}
     assert _acceptance_on_identical_texts(ours, hf) == {"num_prompts": 2, "anydraft": (5 + 3) / 3, "peer": 5 / 5}
+
+
+FAKE_VLLM_WORKER = """#!{python}
+import json, sys
+job = json.loads(sys.stdin.readline())
+with open({jobs!r}, "a") as f:
+    f.write(json.dumps(job) + "\\n")
+startup = 5.0 if job["enforce_eager"] else 70.0
+print("ANYDRAFT_READY " + json.dumps({{"startup_seconds": startup, "vllm_version": "fake"}}), flush=True)
+for line in sys.stdin:
+    if line.strip() == "quit":
+        break
+    n = json.loads(line)["max_tokens"]
+    k = job["k"] if job["draft"] else 0
+    print("ANYDRAFT_RESULT " + json.dumps({{"output_target_ids": [1] * n, "seconds": 0.01 if job["enforce_eager"] else
+           0.005, "drafts": n // 2 if k else 0, "accepted": n // 2 if k else 0, "per_position": [1] * k}}), flush=True)
+"""
+
+
+def test_vllm_compiled_rows_are_the_headline_and_eager_rows_extra(ckpts, tmp_path):
+    """A stand-in vLLM interpreter (the worker protocol only) records the jobs: compiled (vLLM's default) and
+    eager workers, both at the bench's thread count; each mode's speedup is against its own target alone."""
+    jobs = tmp_path / "jobs.jsonl"
+    fake = tmp_path / "fake-vllm-python"
+    fake.write_text(FAKE_VLLM_WORKER.format(python=sys.executable, jobs=str(jobs)))
+    os.chmod(fake, 0o755)
+    result = run_bench(_config(ckpts, same_vocab_draft=None, sweep_ks=[], peers=("vllm",), vllm_python=str(fake)))
+    names = [r["name"] for r in result["runs"]]
+    assert names[2:] == ["vLLM target alone", "vLLM TLI", "vLLM target alone (eager)", "vLLM TLI (eager)"]
+    recorded = [json.loads(line) for line in jobs.read_text().splitlines()]
+    assert [j["enforce_eager"] for j in recorded] == [False, False, True, True]
+    assert {j["threads"] for j in recorded} == {1}
+    runs = {r["name"]: r for r in result["runs"]}
+    assert runs["vLLM TLI"]["speedup_vs_target_alone"] == pytest.approx(1.0)            # same fake speed per mode
+    assert runs["vLLM TLI (eager)"]["speedup_vs_target_alone"] == pytest.approx(1.0)
+    assert runs["vLLM target alone"]["startup_seconds"] == 70.0
+    assert {row["name"] for row in result["roofline"]["target_alone"]} == {
+        "anydraft target alone", "vLLM target alone", "vLLM target alone (eager)"}
+    table = markdown_table(result)
+    assert "Startup (not in any timing): vLLM target alone 70 s" in table and "vLLM TLI (eager)" in table
