@@ -26,15 +26,19 @@ from tiny_models import reference_greedy, tokenizer_of
 from vllm_caller import FakeRequest, FakeVLLM
 
 PAIRS = [
-    ("tli_qwen3_target_llama2_draft", "qwen3_target", "llama2_draft"),
-    ("tli_shuffled_partial", "gpt2_target", "gpt2_shuffled_noisy_draft"),
-    ("identity_partial", "smollm2_target", "smollm2_noisy_draft"),
+    ("tli_qwen3_target_llama2_draft", "qwen3_target", "llama2_draft", {}),
+    ("tli_shuffled_partial", "gpt2_target", "gpt2_shuffled_noisy_draft", {}),
+    ("tli_fr_head", "gpt2_target", "gpt2_shuffled_noisy_draft", {"draft_vocab_size": 2048}),
+    ("identity_partial", "smollm2_target", "smollm2_noisy_draft", {}),
+    ("d2t_partial", "smollm2_target", "smollm2_d2t_draft", {}),
 ]
 
 
-def build_drafter(target_dir, draft_dir, k: int, num_slots: int, max_model_len: int = 256) -> HistoryDrafter:
+def build_drafter(target_dir, draft_dir, k: int, num_slots: int, max_model_len: int = 256,
+                  **spec_options) -> HistoryDrafter:
     vocab_rows = json.loads((target_dir / "config.json").read_text())["vocab_size"]
-    drafter, _ = HistoryDrafter.build(SpeculativeConfig(model=str(draft_dir), num_speculative_tokens=k),
+    spec = SpeculativeConfig(model=str(draft_dir), num_speculative_tokens=k, **spec_options)
+    drafter, _ = HistoryDrafter.build(spec,
                                       tokenizer_of(target_dir), vocab_rows, torch.device("cpu"), torch.float64,
                                       num_slots, max_model_len)
     return drafter
@@ -128,11 +132,17 @@ def run_with_moves(fake: FakeVLLM, requests: list[FakeRequest], max_rows: int, s
     return steps
 
 
-@pytest.mark.parametrize("case, target, draft", PAIRS, ids=[p[0] for p in PAIRS])
-def test_rows_moved_finished_preempted_keep_their_own_state(ckpts, prompts, case, target, draft):
+@pytest.mark.parametrize("case, target, draft, spec_options", PAIRS, ids=[p[0] for p in PAIRS])
+def test_rows_moved_finished_preempted_keep_their_own_state(ckpts, prompts, draft_vocab_corpus, case, target, draft,
+                                                            spec_options):
     target_dir, draft_dir = getattr(ckpts, target), getattr(ckpts, draft)
     k, max_rows = 3, 3
-    drafter = build_drafter(target_dir, draft_dir, k, num_slots=2 * max_rows)
+    if spec_options:
+        spec_options = {**spec_options, "draft_vocab_corpus": str(draft_vocab_corpus)}
+    drafter = build_drafter(target_dir, draft_dir, k, num_slots=2 * max_rows, **spec_options)
+    assert drafter.draft.vocab.kind == case.split("_")[0]
+    if "draft_vocab_size" in spec_options:
+        assert drafter.draft.runner.head_rows == spec_options["draft_vocab_size"]
     checker = RowChecker(drafter)
     fake = FakeVLLM(drafter, max_rows=4, max_len=256, k=k, check=checker)
     requests = requests_for(target_dir, prompts, max_tokens=20)

@@ -21,3 +21,13 @@ def test_settings_from_env(tmp_path):
         DraftSettings.from_env({"ANYDRAFT_DRAFT_MODEL": "d", "ANYDRAFT_DRAFT_VOCAB_SIZE": "8"}, 3)
     with pytest.raises(ValueError, match="vocab_mode 'eagle' is unknown"):
         DraftSettings.from_env({"ANYDRAFT_DRAFT_MODEL": "d", "ANYDRAFT_VOCAB_MODE": "eagle"}, 3)
+
+
+def test_core_and_integration_import_without_vllm():
+    """anydraft (and its integration package, until vLLM instantiates the proposer) never imports vLLM."""
+    import subprocess
+    import sys
+    code = ("import sys, anydraft, anydraft.llm, anydraft.cli, anydraft.integrations.vllm; "
+            "print('vllm' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

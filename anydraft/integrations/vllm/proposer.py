@@ -18,7 +18,7 @@ from ...tokenizer import Tokenizer
 from .history_drafter import HistoryDrafter, VLLMContractError
 from .settings import DraftSettings
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vllm.anydraft")   # under vLLM's logger, so its handlers print it
 
 MIN_VLLM = (0, 22)        # the first vLLM with custom_class proposers
 TESTED_VLLM = "0.32.0"    # the contract in history_drafter.py was read off this version
