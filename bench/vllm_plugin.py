@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     from anydraft.model.loader import resolve_model_path
     from anydraft.tokenizer import Tokenizer
 
+    commit = git_commit()   # now: the code the contenders run, whatever is committed while they run
     target, draft = str(resolve_model_path(args.target)), str(resolve_model_path(args.draft))
     examples = gsm8k.load_split(gsm8k.default_data_dir() / "test.jsonl")[:args.num_prompts]
     tokenizer = Tokenizer.from_dir(target)
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
     for s in summaries:
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()}), flush=True)
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "git_commit": git_commit(), "machine": machine(), "command": " ".join([sys.executable, *sys.argv]),
+              "git_commit": commit, "machine": machine(), "command": " ".join([sys.executable, *sys.argv]),
               "vllm_version": next((r["vllm_version"] for r in runs.values()), None),
               "config": {k: v for k, v in vars(args).items() if k not in ("worker", "out")},
               "target": target, "draft": draft, "summary": summaries, "skipped": skipped, "runs": runs,
