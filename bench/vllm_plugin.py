@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile (not the default)")
     p.add_argument("--contenders", default=",".join(CONTENDERS))
+    p.add_argument("--data", default=None, help="directory with GSM8K test.jsonl (default ../shared/data/gsm8k)")
     p.add_argument("--out", default=None, help="JSON file to write")
     p.add_argument("--summarize", default=None, metavar="JSON",
                    help="recompute the summary of a results file from its stored runs (no vLLM run)")
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     commit = git_commit()   # now: the code the contenders run, whatever is committed while they run
     target, draft = str(resolve_model_path(args.target)), str(resolve_model_path(args.draft))
-    examples = gsm8k.load_split(gsm8k.default_data_dir() / "test.jsonl")[:args.num_prompts]
+    examples = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[:args.num_prompts]
     tokenizer = Tokenizer.from_dir(target)
     prompts = [tokenizer.encode(gsm8k.build_prompt(ex["question"], [])) for ex in examples]
     runs, skipped = {}, {}

@@ -65,6 +65,7 @@ def main() -> int:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--data", default=None, help="directory with GSM8K test.jsonl (default ../shared/data/gsm8k)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     if not os.environ.get("ANYDRAFT_DRAFT_MODEL"):
@@ -87,7 +88,7 @@ def main() -> int:
             import openai
             client = openai.OpenAI(base_url=url + "/v1", api_key="none")
             from anydraft.eval import gsm8k
-            question = gsm8k.load_split(gsm8k.default_data_dir() / "test.jsonl")[0]["question"]
+            question = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[0]["question"]
             request = {"model": args.target, "prompt": gsm8k.build_prompt(question, []), "temperature": 0.0,
                        "max_tokens": args.max_tokens}
             before = spec_metrics(url)
