@@ -1,6 +1,8 @@
 """Building a proposer from a SpeculativeConfig: load the draft, decide the vocab mode, wire the bridge."""
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from ..config import SpeculativeConfig, parse_dtype, resolve_device
@@ -13,6 +15,15 @@ from ..vocab.frequency import load_or_count, most_frequent, specials_among
 from ..vocab.resync import DraftResync
 from .draft_proposer import DraftModelProposer
 from .draft_vocab import DraftVocab, ResyncContextSync, SharedVocabSync
+
+
+class TargetSide(Protocol):
+    """What the draft side needs of the target: where it runs and its vocabulary rows. A ModelRunner is one;
+    inside another engine (integrations/vllm) a small record is."""
+    device: torch.device
+    dtype: torch.dtype
+    vocab_rows: int          # embedding rows (config.json vocab_size)
+    num_token_rows: int      # rows that are real tokens (the tokenizer's size); the rest is padding
 
 
 def _draft_tokenizer(path, target_tokenizer: Tokenizer, vocab_mode: str) -> Tokenizer:
@@ -37,7 +48,7 @@ def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candi
     return candidate_rows[ranked.keep]
 
 
-def build_proposer(spec: SpeculativeConfig, target: ModelRunner, target_tokenizer: Tokenizer,
+def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer: Tokenizer,
                    max_batch: int, max_model_len: int) -> tuple[DraftModelProposer, dict]:
     """Returns (proposer, info) where info reports the vocab mode, intersection stats and head savings."""
     dtype = parse_dtype(spec.dtype) if spec.dtype else target.dtype
