@@ -127,7 +127,7 @@ async def soak(base_url: str, api_key: str = "unused", num_clients: int = 64, nu
     # Every row comes back: aborted streams are freed within a step, so the gauges settle at 0.
     for _ in range(600):
         samples = server_samples(base_url)
-        if samples.get("anydraft:num_requests_running", 1) == 0 and samples.get("anydraft:num_requests_waiting", 1) == 0:
+        if samples.get("anydraft:num_requests_running", 1) == samples.get("anydraft:num_requests_waiting", 1) == 0:
             break
         await asyncio.sleep(0.1)
     await client.close()
