@@ -159,3 +159,14 @@ def test_concurrent_greedy_streams_equal_llm_generate(tiny_server, tiny_llm, pro
         return await asyncio.gather(*(one(p) for p in prompts * 3))
 
     assert asyncio.run(run()) == expected * 3
+
+
+def test_a_prompt_of_token_ids_equals_its_text(tiny_server, tiny_ckpts, prompts):
+    client = tiny_server.client()
+    target_ids = tokenizer_of(tiny_ckpts.qwen3_target).encode(prompts[2])
+    by_text = client.completions.create(model="tiny", prompt=prompts[2], max_tokens=12, temperature=0)
+    by_ids = client.completions.create(model="tiny", prompt=target_ids, max_tokens=12, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text
+    assert by_ids.usage.prompt_tokens == len(target_ids)
+    with pytest.raises(openai.BadRequestError, match="outside the target vocabulary"):
+        client.completions.create(model="tiny", prompt=[10 ** 9], max_tokens=4)
