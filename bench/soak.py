@@ -14,9 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import platform
 import random
+import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -163,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                               tuple(args.max_tokens), sampled_fraction=args.sampled_fraction,
                               disconnect_fraction=args.disconnect_fraction, seed=args.seed,
                               time_limit_s=args.time_limit))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+              "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+              "command": " ".join(sys.argv), **report}
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

@@ -18,15 +18,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+import openai   # declared in the test extra: a missing client is an error here, not a skip
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))   # tiny_models: random checkpoints on real tokenizers
 
 from tiny_models import TOKENIZERS, Checkpoints  # noqa: E402
-
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
 
 if not TOKENIZERS.is_dir():
     pytest.skip(f"real tokenizers not found at {TOKENIZERS}", allow_module_level=True)
