@@ -169,7 +169,8 @@ class Engine:
             else:
                 self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
                 joined.append(request)
-        self.proposer.observe([r.row for r in joined], [0] * len(joined), [[self.last_target_id[r.row]] for r in joined])
+        self.proposer.observe([r.row for r in joined], [0] * len(joined),
+                              [[self.last_target_id[r.row]] for r in joined])
         return admitted
 
     def _first_target_ids(self, requests: list[Request], last_hidden: torch.Tensor) -> list[int]:

@@ -14,9 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import platform
 import random
+import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -127,7 +130,7 @@ async def soak(base_url: str, api_key: str = "unused", num_clients: int = 64, nu
     # Every row comes back: aborted streams are freed within a step, so the gauges settle at 0.
     for _ in range(600):
         samples = server_samples(base_url)
-        if samples.get("anydraft:num_requests_running", 1) == 0 and samples.get("anydraft:num_requests_waiting", 1) == 0:
+        if samples.get("anydraft:num_requests_running", 1) == samples.get("anydraft:num_requests_waiting", 1) == 0:
             break
         await asyncio.sleep(0.1)
     await client.close()
@@ -163,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                               tuple(args.max_tokens), sampled_fraction=args.sampled_fraction,
                               disconnect_fraction=args.disconnect_fraction, seed=args.seed,
                               time_limit_s=args.time_limit))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
+              "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+              "command": " ".join(sys.argv), **report}
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

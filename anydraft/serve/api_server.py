@@ -137,8 +137,9 @@ def create_app(config: ServeConfig, load_in_background: bool = True) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request):
         engine = _checked(state, body)
-        prompt = body.prompt_text()
-        prompt_ids = state.tokenizer.encode(prompt) if prompt else []
+        prompt, prompt_ids = body.prompt_input()
+        if prompt_ids is None:
+            prompt_ids = state.tokenizer.encode(prompt) if prompt else []
         return await _serve(state, engine, body, raw, prompt, prompt_ids, body.max_tokens, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -166,7 +167,7 @@ def _checked(state: ServerState, body) -> AsyncEngine:
     return engine
 
 
-async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, prompt: str, prompt_ids: list[int],
+async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, prompt: str | None, prompt_ids: list[int],
                  max_tokens: int | None, chat: bool):
     max_model_len = engine.max_model_len
     if prompt_ids and len(prompt_ids) < max_model_len:

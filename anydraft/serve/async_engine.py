@@ -126,8 +126,8 @@ class AsyncEngine:
             previous = self._last_output.get(request.request_id)
             self.metrics.observe_tokens(len(target_ids), previous is None, now - (previous or request.arrival))
             self._last_output[request.request_id] = now
-        delta = RequestDelta(request.request_id, text, target_ids, request.finish_reason, len(request.prompt_target_ids),
-                             len(request.output_target_ids),
+        delta = RequestDelta(request.request_id, text, target_ids, request.finish_reason,
+                             len(request.prompt_target_ids), len(request.output_target_ids),
                              spec_decode_summary(request) if request.finished else None)
         loop, sink = self._sinks[request.request_id]
         loop.call_soon_threadsafe(sink.put_nowait, delta)
@@ -145,6 +145,7 @@ class AsyncEngine:
             self.engine.abort(request)
             loop, sink = self._sinks.pop(request.request_id, (None, None))
             if sink is not None:
-                loop.call_soon_threadsafe(sink.put_nowait, RequestDelta(request.request_id, "", [], "abort", len(request.prompt_target_ids),
-                                                                        len(request.output_target_ids), None, message))
+                failed = RequestDelta(request.request_id, "", [], "abort", len(request.prompt_target_ids),
+                                      len(request.output_target_ids), None, message)
+                loop.call_soon_threadsafe(sink.put_nowait, failed)
             self._last_output.pop(request.request_id, None)

@@ -74,7 +74,7 @@ class _SamplingRequest(BaseModel):
 
 
 class CompletionRequest(_SamplingRequest):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int]
     max_tokens: int | None = Field(16, ge=1)      # OpenAI's and vLLM's default for completions
     echo: bool = False
     logprobs: int | None = None
@@ -90,12 +90,15 @@ class CompletionRequest(_SamplingRequest):
         if self.best_of is not None and self.best_of != self.n:
             raise ApiError(400, "best_of is not supported (only best_of = n); use n", "best_of")
 
-    def prompt_text(self) -> str:
+    def prompt_input(self) -> tuple[str | None, list[int] | None]:
+        """(text, None) or, for a prompt of token ids, (None, target ids)."""
+        if isinstance(self.prompt, list) and self.prompt and all(isinstance(x, int) for x in self.prompt):
+            return None, list(self.prompt)
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
-        if len(prompts) != 1:
-            raise ApiError(400, f"prompt must be one string (got a list of {len(prompts)}); send one request per "
-                                f"prompt, or use n for several completions", "prompt")
-        return prompts[0]
+        if len(prompts) != 1 or not isinstance(prompts[0], str):
+            raise ApiError(400, f"prompt must be one string or one list of token ids (got a list of {len(prompts)}); "
+                                f"send one request per prompt, or use n for several completions", "prompt")
+        return prompts[0], None
 
 
 class TextPart(BaseModel):

@@ -1,0 +1,98 @@
+"""`anydraft serve` with no model flags (the shipped qwen3-target + smollm2-draft pair), driven by the `openai`
+client: chat and completions stream text, /metrics counts accepted draft tokens, concurrent streams equal their
+non-streamed text, a client that leaves mid-stream frees its row, and a short soak (bench/soak.py)."""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tiny_models import gsm8k_questions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import soak  # noqa: E402
+
+MODEL = "qwen3-target"
+
+
+def _prompts(n: int, start: int = 0) -> list[str]:
+    return [f"Question: {q}\nAnswer:" for q in gsm8k_questions(n, start=start)]
+
+
+def test_chat_and_completion_stream_text_and_metrics_count_accepted_tokens(shipped_server):
+    client = shipped_server.client()
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": _prompts(1)[0]}],
+                                          max_tokens=32, temperature=0, stream=True)
+    chunks = list(chat)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks).strip()
+    completion = client.completions.create(model=MODEL, prompt=_prompts(1)[0], max_tokens=32, temperature=0)
+    assert completion.choices[0].text.strip()
+    assert shipped_server.metric("anydraft:spec_decode_num_accepted_tokens_total") > 0
+    assert shipped_server.metric("anydraft:spec_decode_num_draft_tokens_total") > 0
+    assert shipped_server.metric("anydraft:time_to_first_token_seconds_count") >= 2
+
+
+def test_sixteen_concurrent_streams_equal_their_non_streamed_text(shipped_server):
+    prompts = _prompts(16, start=40)
+    client = shipped_server.client()
+    whole = [client.completions.create(model=MODEL, prompt=p, max_tokens=48, temperature=0).choices[0].text
+             for p in prompts]
+
+    async def run():
+        client = shipped_server.async_client()
+
+        async def one(prompt):
+            parts, usage = [], None
+            async for chunk in await client.completions.create(model=MODEL, prompt=prompt, max_tokens=48,
+                                                               temperature=0, stream=True,
+                                                               stream_options={"include_usage": True}):
+                parts += [c.text for c in chunk.choices]
+                usage = chunk.usage or usage
+            return "".join(parts), usage
+
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    streamed = asyncio.run(run())
+    assert [text for text, _ in streamed] == whole
+    assert all(usage.completion_tokens >= 1 for _, usage in streamed)
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_row(shipped_server):
+    client = shipped_server.client()
+    aborted_before = shipped_server.metric('anydraft:request_success_total{finished_reason="abort"')
+    tokens_before = shipped_server.metric("anydraft:generation_tokens_total")
+    stream = client.completions.create(model=MODEL, prompt=_prompts(1, start=60)[0], max_tokens=1500,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()
+    # The engine drops it at its next step: poll (bounded) until the gauge shows no running request.
+    for _ in range(600):
+        if (shipped_server.metric("anydraft:num_requests_running") == 0
+                and shipped_server.metric('anydraft:request_success_total{finished_reason="abort"') > aborted_before):
+            break
+        time.sleep(0.1)
+    assert shipped_server.metric("anydraft:num_requests_running") == 0
+    assert shipped_server.metric('anydraft:request_success_total{finished_reason="abort"') == aborted_before + 1
+    assert shipped_server.metric("anydraft:generation_tokens_total") - tokens_before < 1500
+    after = client.completions.create(model=MODEL, prompt=_prompts(1)[0], max_tokens=8, temperature=0)
+    assert after.choices[0].finish_reason in ("length", "stop") and after.usage.completion_tokens >= 1
+
+
+def test_short_soak(shipped_server):
+    """16 clients, 48 requests (greedy and seeded sampled, some leaving early): no errors, every greedy stream
+    equals the non-streamed text, every row back at the end. The long run is bench/soak.py."""
+    report = asyncio.run(soak.soak(shipped_server.base_url, num_clients=16, num_requests=48,
+                                   max_tokens_choices=(8, 16), num_prompts=16, seed=1, time_limit_s=1200))
+    assert not report["timed_out"], report
+    assert report["server_errors"] == [] and report["mismatched_greedy"] == [] and report["unfinished"] == []
+    assert report["greedy_checked"] >= 15 and report["disconnected_early"] >= 1 and report["sampled"] >= 5
+    assert report["running_after"] == 0 and report["waiting_after"] == 0
+    assert httpx.get(shipped_server.base_url + "/health").status_code == 200
