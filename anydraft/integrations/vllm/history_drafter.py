@@ -106,8 +106,8 @@ class HistoryDrafter:
         claims, evicted = self.states.match(rows, histories)
         for slot in evicted:
             self.draft.remove_request(slot)
-        slots, drafted_rows, drafted_histories = [], [], []
-        observed_slots, accepted, new_target_ids = [], [], []
+        drafted: list[tuple[int, int, np.ndarray]] = []          # (slot, row, history)
+        accepted, new_target_ids = [], []
         for claim, history in zip(claims, histories):
             if claim.slot is None:
                 continue
@@ -120,18 +120,16 @@ class HistoryDrafter:
                 state = self.states.states[claim.slot]
                 tail = history[len(state.history):].tolist()
                 num_accepted = _matching_prefix(tail, state.proposal)
-            observed_slots.append(claim.slot)
+            drafted.append((claim.slot, claim.row, history))
             accepted.append(num_accepted)
             new_target_ids.append(tail)
-            slots.append(claim.slot)
-            drafted_rows.append(claim.row)
-            drafted_histories.append(history)
-        self.draft.observe(observed_slots, accepted, new_target_ids)
+        slots = [slot for slot, _, _ in drafted]
+        self.draft.observe(slots, accepted, new_target_ids)
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         if not slots:
             return out
         proposals = self.draft.propose(slots, None).draft_target_ids.tolist()   # the step's one host sync
-        for slot, row, history, proposal in zip(slots, drafted_rows, drafted_histories, proposals):
+        for (slot, row, history), proposal in zip(drafted, proposals):
             self.states.record(slot, history, proposal)
             out[row] = proposal
         return out
