@@ -198,6 +198,24 @@ def test_row_reused_with_rewritten_history(ckpts, prompts):
     assert checker.rows_checked >= 6
 
 
+def test_history_ending_mid_character(ckpts):
+    """A request first seen with a history that ends inside a UTF-8 character: the complete text is the draft's
+    prompt and the partial byte goes through re-sync (a byte token, or pending), never decoded to U+FFFD."""
+    target_dir = ckpts.qwen3_target
+    drafter = build_drafter(target_dir, ckpts.llama2_draft, k=2, num_slots=2)
+    tokenizer = tokenizer_of(target_dir)
+    table = tokenizer.token_table
+    lead_byte = next(i for i, b in enumerate(table.token_bytes) if b == "é".encode()[:1])
+    history = tokenizer.encode("Answer: caf") + [lead_byte]
+    token_ids = np.zeros((1, 64), dtype=np.int32)
+    token_ids[0, :len(history)] = history
+    drafts = drafter.propose([[lead_byte]], np.array([len(history)], dtype=np.int32), token_ids)
+    state = drafter.draft.states[drafter.states.row_hint[0]]
+    resync = drafter.draft.vocab.sync.resync
+    assert len(drafts[0]) == 2
+    assert (resync.draft_text_bytes(state.draft_ids) + state.pending).lstrip(b" ") == b"Answer: caf\xc3"
+
+
 def test_contract_is_checked(ckpts):
     drafter = build_drafter(ckpts.gpt2_target, ckpts.gpt2_shuffled_noisy_draft, k=2, num_slots=2)
     token_ids = np.zeros((2, 16), dtype=np.int32)

@@ -101,8 +101,8 @@ class FakeVLLM:
                 request.chunks_left = 0
                 done = len(request.output_ids)
                 reference = request.reference_ids[done:]
-                accepted = 0
-                while accepted < min(len(request.drafts), len(reference) - 1) and request.drafts[accepted] == reference[accepted]:
+                accepted, most = 0, min(len(request.drafts), len(reference) - 1)
+                while accepted < most and request.drafts[accepted] == reference[accepted]:
                     accepted += 1
                 request.num_drafted += bool(request.drafts)
                 request.num_accepted += accepted

@@ -65,7 +65,8 @@ def check_call(sampled_token_ids, num_tokens_no_spec, token_ids_cpu) -> None:
         if not sampled:
             continue
         n = int(num_tokens_no_spec[row])
-        if not len(sampled) <= n <= token_ids_cpu.shape[1] or token_ids_cpu[row, n - len(sampled):n].tolist() != list(sampled):
+        tail = token_ids_cpu[row, n - len(sampled):n].tolist() if len(sampled) <= n <= token_ids_cpu.shape[1] else None
+        if tail != list(sampled):
             raise _contract_error(f"row {row}: token_ids_cpu[:num_tokens_no_spec] does not end with the sampled tokens")
 
 
@@ -81,7 +82,8 @@ class HistoryDrafter:
 
     @classmethod
     def build(cls, spec: SpeculativeConfig, target_tokenizer: Tokenizer, target_vocab_rows: int,
-              device: torch.device, dtype: torch.dtype, num_slots: int, max_model_len: int) -> tuple["HistoryDrafter", dict]:
+              device: torch.device, dtype: torch.dtype, num_slots: int,
+              max_model_len: int) -> tuple["HistoryDrafter", dict]:
         """Load the draft with anydraft's runner, build the bridge; returns (drafter, info) as build_proposer does."""
         target = TargetRecord(torch.device(device), dtype, target_vocab_rows, target_tokenizer.vocab_size)
         draft, info = build_proposer(spec, target, target_tokenizer, num_slots, max_model_len)
@@ -140,7 +142,7 @@ class HistoryDrafter:
         text gives the draft nothing to read yet (the row is then not drafted this step)."""
         target_ids = history.tolist()
         split = len(target_ids)
-        while split > 0 and incomplete_utf8_tail(b"".join(self._target_bytes[t] or b"" for t in target_ids[max(0, split - 4):split])):
+        while split > 0 and incomplete_utf8_tail(self._bytes_of(target_ids[max(0, split - 4):split])):
             split -= 1
         lead = len(self._leading_ids) if target_ids[:len(self._leading_ids)] == self._leading_ids else 0
         text = self.target_tokenizer.decode(target_ids[lead:split], skip_special_tokens=False)
@@ -151,6 +153,9 @@ class HistoryDrafter:
             self.states.release(slot)
             return None
         return target_ids[split:]
+
+    def _bytes_of(self, target_ids: list[int]) -> bytes:
+        return b"".join(self._target_bytes[t] or b"" for t in target_ids)
 
 
 def _matching_prefix(new_target_ids: list[int], proposal: list[int]) -> int:
