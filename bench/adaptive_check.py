@@ -1,0 +1,93 @@
+"""Adaptive speculation against its two baselines, in one process, interleaved (issue: throughput under load).
+
+Batch 16: LLM with the draft and default settings (num_speculative_tokens 5, adaptive) vs LLM with the target
+alone, 16 GSM8K test prompts decoded together. Batch 1: the same adaptive LLM vs {"num_speculative_tokens": 3,
+"adaptive": False}, one prompt at a time. Greedy, max 128 tokens, medians of --repeats interleaved rounds after a
+warm-up; outputs are checked equal across the contenders (greedy is lossless).
+
+    python bench/adaptive_check.py --out bench/results/<date>-adaptive/check.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from anydraft import LLM, SamplingParams
+from anydraft.eval import gsm8k
+from anydraft.model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from anydraft.provenance import provenance
+
+
+def timed(llm: LLM, prompts: list[str], params: SamplingParams, batch: int) -> tuple[float, list[list[int]]]:
+    """tok/s of decoding `prompts` `batch` at a time, and the outputs."""
+    outputs, tokens, start = [], 0, time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        for out in llm.generate(prompts[i:i + batch], params):
+            outputs.append(out.outputs[0].token_ids)
+            tokens += len(out.outputs[0].token_ids)
+    return tokens / (time.perf_counter() - start), outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--data", default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    questions = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[:args.num_prompts]
+    prompts = [gsm8k.build_prompt(q["question"], [], None, False) for q in questions]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    batch = len(prompts)
+    contenders = {
+        "adaptive k<=5": LLM(args.target, {"model": args.draft}, max_num_seqs=batch),
+        "target alone": LLM(args.target, None, max_num_seqs=batch),
+        "fixed k=3": LLM(args.target, {"model": args.draft, "num_speculative_tokens": 3, "adaptive": False},
+                         max_num_seqs=1),
+    }
+    plan = [("batch16", "adaptive k<=5", batch), ("batch16", "target alone", batch),
+            ("batch1", "adaptive k<=5", 1), ("batch1", "fixed k=3", 1)]
+    for _, name, b in plan:   # warm-up
+        timed(contenders[name], prompts[:b], params, b)
+    rates: dict[tuple[str, str], list[float]] = {(s, n): [] for s, n, _ in plan}
+    outputs = {}
+    for repeat in range(args.repeats):
+        order = plan[repeat % len(plan):] + plan[:repeat % len(plan)]   # rotate, so drift hits all alike
+        for setting, name, b in order:
+            rate, outs = timed(contenders[name], prompts, params, b)
+            rates[(setting, name)].append(rate)
+            outputs[(setting, name)] = outs
+    reference = outputs[("batch16", "target alone")]
+    result = {**provenance(torch_threads=args.threads), "command": "python bench/adaptive_check.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+        "config": vars(args), "runs": {}}
+    for (setting, name), values in rates.items():
+        result["runs"][f"{setting} {name}"] = {
+            "tokens_per_second_median": statistics.median(values), "tokens_per_second_all": values,
+            "exact_vs_target_alone": sum(a == b for a, b in zip(outputs[(setting, name)], reference)),
+            "k_histogram": {str(k): v for k, v in sorted(contenders[name].stats.k_histogram.items())},
+            "acceptance_length": contenders[name].stats.acceptance_length}
+    runs = result["runs"]
+    result["ratios"] = {
+        "batch16 adaptive / target alone": runs["batch16 adaptive k<=5"]["tokens_per_second_median"]
+        / runs["batch16 target alone"]["tokens_per_second_median"],
+        "batch1 adaptive / fixed k=3": runs["batch1 adaptive k<=5"]["tokens_per_second_median"]
+        / runs["batch1 fixed k=3"]["tokens_per_second_median"]}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({"ratios": result["ratios"], **{k: round(v["tokens_per_second_median"], 1)
+                                                      for k, v in runs.items()}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
