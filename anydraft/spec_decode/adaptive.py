@@ -46,6 +46,27 @@ class LinearCost:
 
 
 @dataclass
+class FloorCost:
+    """Seconds of one draft forward by rows, as a running floor: a step's draft time also holds one-off work
+    (the draft reading a new prompt, or catching up on text written by steps that did not draft), which must
+    not make drafting look dear for good. A new measurement lowers the floor at once; the floor rises by
+    `drift` per measurement, so it follows a draft that really got slower (longer contexts)."""
+    drift: float = 0.02
+    floors: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        floor = self.floors.get(rows)
+        self.floors[rows] = seconds if floor is None else min(seconds, floor * (1 + self.drift))
+
+    def seconds(self, rows: int) -> float:
+        """At the nearest measured row count, scaled by rows where only smaller counts were measured."""
+        if not self.floors:
+            return 0.0
+        nearest = min(self.floors, key=lambda r: (abs(r - rows), r))
+        return self.floors[nearest] * (rows / nearest if rows > nearest else 1.0)
+
+
+@dataclass
 class AcceptanceEstimate:
     """Per-position conditional acceptance a_i, from decayed counts of (tried, accepted) at each position."""
     max_k: int
@@ -85,7 +106,7 @@ class AdaptiveSpeculation:
     max_k: int
     acceptance: AcceptanceEstimate = None
     target_cost: LinearCost = field(default_factory=LinearCost)   # target forward + head, by tokens read
-    draft_cost: LinearCost = field(default_factory=LinearCost)    # one draft forward + head, by rows
+    draft_cost: FloorCost = field(default_factory=FloorCost)      # one draft forward + head, by rows
     host_seconds: float = 0.0                                      # per step, outside the model forwards
     history: dict[int, int] = field(default_factory=dict)         # k -> steps that used it
 

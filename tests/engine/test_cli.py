@@ -51,10 +51,11 @@ def test_json_token_ids_equal_transformers_target_alone(ckpts, capsys, target, d
 
 def test_plain_output_is_text_then_a_stats_line(ckpts, capsys):
     code, out, err = _generate(capsys, "--target", str(ckpts.gpt2_target), "--draft", str(ckpts.gpt2_shuffled_draft),
-                               "--dtype", "float64", "--device", "cpu", "--max-tokens", "12", "-k", "3", PROMPT)
+                               "--dtype", "float64", "--device", "cpu", "--max-tokens", "12", "-k", "3", "--no-adaptive",
+                               PROMPT)
     assert code == 0, err
     _, json_out, _ = _generate(capsys, "--target", str(ckpts.gpt2_target), "--draft", str(ckpts.gpt2_shuffled_draft),
-                               "--dtype", "float64", "--device", "cpu", "--max-tokens", "12", "-k", "3", "--json",
+                               "--dtype", "float64", "--device", "cpu", "--max-tokens", "12", "-k", "3", "--no-adaptive", "--json",
                                PROMPT)
     assert out == json.loads(json_out)["outputs"][0]["text"] + "\n"
     assert "tli" in err and "AL 4.00" in err  # the shuffled-vocabulary draft: every draft token accepted

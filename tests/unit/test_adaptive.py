@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import AcceptanceEstimate, AdaptiveSpeculation, LinearCost
+from anydraft.spec_decode.adaptive import AcceptanceEstimate, AdaptiveSpeculation, FloorCost, LinearCost
 
 
 def test_linear_cost_recovers_a_line():
@@ -12,6 +12,18 @@ def test_linear_cost_recovers_a_line():
         cost.observe(tokens, 0.002 + 0.0005 * tokens)
     assert cost.seconds(32) == pytest.approx(0.002 + 0.0005 * 32, rel=1e-6)
     assert LinearCost().seconds(10) == 0.0   # nothing measured yet
+
+
+def test_draft_floor_ignores_one_off_work_and_follows_a_real_slowdown():
+    cost = FloorCost()
+    cost.observe(4, 0.100)            # the first step also read every new prompt
+    cost.observe(4, 0.002)
+    cost.observe(4, 0.030)            # a step that caught up on text written without drafting
+    assert cost.seconds(4) == pytest.approx(0.002, rel=0.05)
+    for _ in range(200):              # the draft really is slower now (longer contexts)
+        cost.observe(4, 0.004)
+    assert cost.seconds(4) == pytest.approx(0.004)
+    assert cost.seconds(8) == pytest.approx(0.008) and cost.seconds(1) == pytest.approx(0.004)
 
 
 def test_expected_tokens_multiplies_conditional_rates():
