@@ -121,6 +121,10 @@ class AdaptiveSpeculation:
         return rows * self.acceptance.expected_tokens(k) / seconds if seconds > 0 else float("inf")
 
     def choose(self, rows: int) -> int:
+        if not self.draft_cost.floors:   # the draft's cost is unknown until a step drafts: measure it first
+            best = self.max_k
+            self.history[best] = self.history.get(best, 0) + 1
+            return best
         rates = [self.expected_rate(rows, k) for k in range(self.max_k + 1)]
         best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
         self.history[best] = self.history.get(best, 0) + 1

@@ -6,6 +6,14 @@ import pytest
 from anydraft.spec_decode.adaptive import AcceptanceEstimate, AdaptiveSpeculation, FloorCost, LinearCost
 
 
+def test_first_step_drafts_the_most_to_measure_the_draft():
+    spec = AdaptiveSpeculation(4)
+    spec.target_cost.observe(1, 0.001)
+    assert spec.choose(rows=8) == 4
+    spec.observe_step(rows=8, k=4, num_accepted=[0] * 8, draft_seconds=0.4, target_seconds=0.005, host_seconds=0.0)
+    assert spec.choose(rows=8) == 0   # measured: a dear draft that nothing accepts
+
+
 def test_linear_cost_recovers_a_line():
     cost = LinearCost()
     for tokens in (1, 4, 16, 64, 1, 4, 16, 64):
