@@ -18,11 +18,14 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, help=f"target checkpoint dir or builtin name (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=None, help=f"draft checkpoint dir or builtin name (default {DEFAULT_DRAFT} "
                    "when no target is given; otherwise none: target alone)")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
+                   help="the most draft tokens per step (default: SpeculativeConfig's)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='vLLM style, e.g. \'{"model": "smollm2-draft", "num_speculative_tokens": 3}\' '
                         '(keys of anydraft SpeculativeConfig; "method" is accepted and ignored)')
     p.add_argument("--no-draft", action="store_true", help="serve the target alone")
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
+                   help="draft k tokens every step (default: adaptive speculation picks 0..k per step)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="name clients use in 'model' (default: the target's)")
@@ -55,7 +58,12 @@ def speculative_config(args: argparse.Namespace, target_given: bool) -> dict | N
         return spec
     draft = None if args.no_draft else (args.draft if args.draft is not None else
                                         (None if target_given else DEFAULT_DRAFT))
-    return None if draft is None else {"model": draft, "num_speculative_tokens": args.num_speculative_tokens}
+    if draft is None:
+        return None
+    spec = {"model": draft, "adaptive": args.adaptive}
+    if args.num_speculative_tokens is not None:
+        spec["num_speculative_tokens"] = args.num_speculative_tokens
+    return spec
 
 
 def run(args: argparse.Namespace) -> int:

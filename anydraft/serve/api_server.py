@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..config import SpeculativeConfig
 from ..tokenizer import TokenizerError
 from .async_engine import AsyncEngine, RequestDelta
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -51,7 +52,8 @@ class ServerState:
         self.engine: AsyncEngine | None = None
         self.tokenizer = None
         self.load_error: str | None = None
-        k = (config.speculative_config or {}).get("num_speculative_tokens", 3) if config.speculative_config else 0
+        spec = SpeculativeConfig.from_any(config.speculative_config)   # validated here: a bad one fails at start
+        k = 0 if spec is None else spec.num_speculative_tokens
         self.metrics = ServerMetrics(config.served_model_name, k)
 
     def load(self) -> None:

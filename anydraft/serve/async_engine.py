@@ -35,10 +35,15 @@ class RequestDelta:
     error: str | None = None      # the engine failed while running this request
 
 
+def num_drafts(stats) -> int:
+    """Steps that drafted at least one token (vLLM's num_drafts); adaptive speculation may draft none in a step."""
+    return stats.target_forwards - stats.k_histogram.get(0, 0)
+
+
 def spec_decode_summary(request: Request) -> dict:
     """The per-request extra field of responses: AL and counts, defined in anydraft/metrics.py."""
     stats = request.stats
-    return {"acceptance_length": round(stats.acceptance_length, 4), "num_drafts": stats.target_forwards,
+    return {"acceptance_length": round(stats.acceptance_length, 4), "num_drafts": num_drafts(stats),
             "num_draft_tokens": stats.num_drafted, "num_accepted_tokens": stats.num_accepted,
             "acceptance_by_position": [round(a, 4) for a in stats.acceptance_by_position]}
 

@@ -49,20 +49,19 @@ class ServerMetrics:
             m.labels(**labels)   # present (at 0) from the start, as vLLM's are
         for position in range(num_speculative_tokens):
             self.accepted_per_pos.labels(**labels, position=str(position))
-        self._seen = SpecStats(num_speculative_tokens)
+        self._seen = SpecStats(num_speculative_tokens)   # what was counted so far (target_forwards: drafting steps)
 
     def observe_spec(self, stats: SpecStats) -> None:
         """Add what the engine's aggregate stats gained since the last call."""
         seen, labels = self._seen, self._labels
-        if stats.num_speculative_tokens:
-            self.num_drafts.labels(**labels).inc(stats.target_forwards - seen.target_forwards)
+        drafts = stats.target_forwards - stats.k_histogram.get(0, 0)   # steps that drafted (adaptive may not)
+        self.num_drafts.labels(**labels).inc(drafts - seen.target_forwards)
         self.num_draft_tokens.labels(**labels).inc(stats.num_drafted - seen.num_drafted)
         self.num_accepted_tokens.labels(**labels).inc(stats.num_accepted - seen.num_accepted)
         for position, (now, before) in enumerate(zip(stats.accepted_at_position, seen.accepted_at_position)):
             if now > before:
                 self.accepted_per_pos.labels(**labels, position=str(position)).inc(now - before)
-        seen.target_forwards, seen.num_drafted, seen.num_accepted = (stats.target_forwards, stats.num_drafted,
-                                                                     stats.num_accepted)
+        seen.target_forwards, seen.num_drafted, seen.num_accepted = drafts, stats.num_drafted, stats.num_accepted
         seen.accepted_at_position = list(stats.accepted_at_position)
 
     def observe_queue(self, num_running: int, num_waiting: int) -> None:

@@ -4,7 +4,8 @@ by the tests, driven by the official `openai` client.
 - `shipped_server`: the command with no model flags (the embedded qwen3-target + smollm2-draft pair, bf16).
 - `tiny_server`: a tiny random qwen3-vocabulary target in float64 (its greedy text has many tokens that are
   partial UTF-8) whose tokenizer config lacks a chat template, with a TLI draft on the llama2 tokenizer
-  (SentencePiece), an API key, and max_model_len 128.
+  (SentencePiece), an API key, and max_model_len 128. Speculation is not adaptive here: adaptive k follows
+  measured step times, and a seeded sample depends on each step's k, so seeds reproduce only with a fixed k.
 """
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ TINY_SERVE_ARGS = {"dtype": "float64", "max_model_len": 128, "max_num_seqs": 4, 
 def tiny_server(tiny_ckpts, tiny_target, tmp_path_factory):
     a = TINY_SERVE_ARGS
     server = start_server(["--model", str(tiny_target), "--draft", str(tiny_ckpts.llama2_draft),
-                           "-k", str(a["k"]), "--dtype", a["dtype"], "--device", "cpu", "--max-model-len",
+                           "-k", str(a["k"]), "--no-adaptive", "--dtype", a["dtype"], "--device", "cpu", "--max-model-len",
                            str(a["max_model_len"]), "--max-num-seqs", str(a["max_num_seqs"]),
                            "--served-model-name", "tiny", "--api-key", TINY_API_KEY],
                           tmp_path_factory.mktemp("logs") / "tiny.log", api_key=TINY_API_KEY,
@@ -153,4 +154,5 @@ def tiny_llm(tiny_ckpts, tiny_target):
     a = TINY_SERVE_ARGS
     return LLM(model=str(tiny_target), dtype=a["dtype"], device="cpu", max_model_len=a["max_model_len"],
                max_num_seqs=a["max_num_seqs"],
-               speculative_config={"model": str(tiny_ckpts.llama2_draft), "num_speculative_tokens": a["k"]})
+               speculative_config={"model": str(tiny_ckpts.llama2_draft), "num_speculative_tokens": a["k"],
+                                   "adaptive": False})
