@@ -20,7 +20,7 @@ from .spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
 from .tokenizer import Tokenizer
 
 # Target tokens per step (decoding rows' k+1 each, the rest prompt chunks) unless the caller says otherwise.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 512
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048   # as vLLM: a long prompt goes in 2048-token chunks
 
 
 @dataclass(eq=False)

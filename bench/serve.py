@@ -6,7 +6,7 @@ can put several tokens in one chunk. Reported per level: output tokens/s, TTFT p
 request: (last - first chunk time) / (tokens - 1)), ITL p50/p99 (gaps between chunks), and every request's
 counts. Each request asks for exactly --max-tokens tokens (ignore_eos), so servers do the same work.
 
-    anydraft serve --port 8000 &                       # or: anydraft serve --no-draft ... / vllm serve ...
+    anydraft serve --port 8000 &                       # or: anydraft serve --draft none ... / vllm serve ...
     python bench/serve.py --port 8000 --label anydraft-tli --json bench/results/<date>-serve/anydraft-tli.json
 """
 from __future__ import annotations

@@ -7,6 +7,7 @@ import logging
 
 from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from . import CliError
+from .model_args import NO_DRAFT
 
 
 def add_parser(sub) -> None:
@@ -17,13 +18,12 @@ def add_parser(sub) -> None:
                    help="target checkpoint dir or builtin name (same as --model)")
     p.add_argument("--model", default=None, help=f"target checkpoint dir or builtin name (default {DEFAULT_TARGET})")
     p.add_argument("--draft", default=None, help=f"draft checkpoint dir or builtin name (default {DEFAULT_DRAFT} "
-                   "when no target is given; otherwise none: target alone)")
+                   "when no target is given; otherwise none); 'none' serves the target alone")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None,
                    help="the most draft tokens per step (default: SpeculativeConfig's)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='vLLM style, e.g. \'{"model": "smollm2-draft", "num_speculative_tokens": 3}\' '
                         '(keys of anydraft SpeculativeConfig; "method" is accepted and ignored)')
-    p.add_argument("--no-draft", action="store_true", help="serve the target alone")
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="draft k tokens every step (default: adaptive speculation picks 0..k per step)")
     p.add_argument("--host", default="127.0.0.1")
@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-model-len", type=int, default=2048, help="prompt + output tokens per request")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="target tokens per step: k+1 per decoding request, the rest prompt chunks "
-                        "(default max(512, 2 * max_num_seqs * (k+1)))")
+                        "(default max(2048, 2 * max_num_seqs * (k+1)))")
     p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float64")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -42,8 +42,8 @@ def add_parser(sub) -> None:
 
 def speculative_config(args: argparse.Namespace, target_given: bool) -> dict | None:
     if args.speculative_config is not None:
-        if args.draft is not None or args.no_draft:
-            raise CliError("give the draft either with --speculative-config or with --draft / --no-draft, not both")
+        if args.draft is not None:
+            raise CliError("give the draft either with --speculative-config or with --draft, not both")
         try:
             spec = json.loads(args.speculative_config)
         except json.JSONDecodeError as e:
@@ -56,8 +56,9 @@ def speculative_config(args: argparse.Namespace, target_given: bool) -> dict | N
                            f"('draft_model')")
         spec.pop("use_heterogeneous_vocab", None)   # vLLM's switch for what anydraft always does
         return spec
-    draft = None if args.no_draft else (args.draft if args.draft is not None else
-                                        (None if target_given else DEFAULT_DRAFT))
+    draft = args.draft if args.draft is not None else (None if target_given else DEFAULT_DRAFT)
+    if draft == NO_DRAFT:
+        draft = None
     if draft is None:
         return None
     spec = {"model": draft, "adaptive": args.adaptive}
