@@ -71,15 +71,15 @@ def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols,
     check_linear(cols, rows)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (the test above runs the AVX-512 path)")
-def test_the_avx512_path_is_batch_invariant_too_on_amx_machines():
-    """ANYDRAFT_NATIVE_AMX=0 (read once per process) forces the AVX-512 kernel that CPUs without AMX run."""
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (the AMX path is opt-in; the test above runs the AVX-512 one)")
+def test_the_amx_path_is_batch_invariant_too_on_amx_machines():
+    """ANYDRAFT_NATIVE_AMX=1 (read once per process) opts in to the AMX tile kernel."""
     code = ("import sys; sys.path.insert(0, {here!r}); import test_native_invariance as t; "
             "from anydraft.model.native_extension import load_extension; "
-            "assert load_extension().matmul_path(1024) == 'avx512'; "
+            "assert load_extension().matmul_path(1024) == 'amx'; "
             "[t.check_linear(c, r) for c, r in [(1024, 4096), (3072, 1024), (1040, 1000)]]")
     done = subprocess.run([sys.executable, "-c", code.format(here=str(Path(__file__).parent))], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "ANYDRAFT_NATIVE_AMX": "0"})
+                          text=True, timeout=600, env={**os.environ, "ANYDRAFT_NATIVE_AMX": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
 
 
