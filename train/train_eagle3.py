@@ -145,13 +145,14 @@ def build_draft(target_cfg: ModelConfig, target_state: dict, aux: list[int], hea
 
 def train_eagle3(target_path: Path, out: Path, draft_vocab_size: int | None, steps: int, tokens_per_batch: int,
                  lr: float, ttt_steps: int = 3, answers_file: Path | None = None, limit: int | None = None,
-                 max_len: int = 256, seed: int = 0, log_every: int = 25) -> dict:
+                 max_len: int = 256, seed: int = 0, log_every: int = 25, autocast: bool = False,
+                 sequences: list[list[int]] | None = None) -> dict:
     torch.manual_seed(seed)
     target, _ = load_model(target_path, torch.float32, torch.device("cpu"))
     cfg = target.cfg
     tokenizer = Tokenizer.from_dir(target_path)
     eos_id = tokenizer.eos_token_ids[0]
-    sequences = load_texts(tokenizer, eos_id, answers_file, limit)
+    sequences = load_texts(tokenizer, eos_id, answers_file, limit) if sequences is None else sequences
     aux = aux_layer_ids(cfg.num_hidden_layers)
     head_target_ids, d2t, t2d = None, None, None
     if draft_vocab_size is not None:
@@ -168,7 +169,8 @@ def train_eagle3(target_path: Path, out: Path, draft_vocab_size: int | None, ste
     start, history = time.time(), []
     for i in range(steps):
         ids, mask = next(data)
-        loss, accuracy = ttt_loss(draft, target, ids, mask, aux, head_target_ids, ttt_steps)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):   # AMX matmuls; fp32 master weights
+            loss, accuracy = ttt_loss(draft, target, ids, mask, aux, head_target_ids, ttt_steps)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -206,10 +208,12 @@ def main():
     parser.add_argument("--limit", type=int, default=None, help="use only the first N GSM8K train records")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (AMX on CPUs that have it)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     summary = train_eagle3(args.target, args.out, args.draft_vocab_size, args.steps, args.tokens_per_batch, args.lr,
-                           args.ttt_steps, args.target_answers, args.limit, seed=args.seed)
+                           args.ttt_steps, args.target_answers, args.limit, seed=args.seed,
+                           log_every=10, autocast=args.bf16)
     (args.out / "training.json").write_text(json.dumps({**summary, "command": " ".join(sys.argv)}, indent=1) + "\n")
     print(json.dumps(summary))
 

@@ -58,3 +58,55 @@ def make_eagle3_draft(target_dir: Path, directory: Path, draft_vocab_size: int |
     state.update(state_override or {})
     return write_speculators_checkpoint(directory, "eagle3", layer_cfg, head_rows, aux, 3, str(target_dir),
                                         [target_cfg.architecture], state)
+
+
+def target_continuations(target_dir: Path, num_prompts: int = 120, max_tokens: int = 48) -> list[list[int]]:
+    """GSM8K test questions (from 200 on: not the prompts the tests decode) with the target's greedy
+    continuation: the text a drafter sees at inference."""
+    from anydraft.config import SamplingParams
+    from anydraft.llm import LLM
+    alone = LLM(model=str(target_dir), dtype="float32", device="cpu", max_num_seqs=32, max_model_len=256)
+    outputs = alone.generate(gsm8k_questions(num_prompts, start=200), SamplingParams(temperature=0, max_tokens=max_tokens))
+    return [o.prompt_token_ids + o.outputs[0].token_ids for o in outputs]
+
+
+def trained_eagle3_draft(target_dir: Path, directory: Path, draft_vocab_size: int | None, steps: int = 60,
+                         seed: int = 0) -> Path:
+    """An EAGLE-3 drafter trained briefly by train/train_eagle3.py (the shipped drafters' code) on the target's
+    own continuations: it agrees with the target often enough that both acceptance and rejection run."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
+    from train_eagle3 import train_eagle3
+    train_eagle3(target_dir, directory, draft_vocab_size, steps=steps, tokens_per_batch=512, lr=2e-2, seed=seed,
+                 log_every=0, sequences=target_continuations(target_dir))
+    return directory
+
+
+class HiddenStateCheckpoints:
+    """Drafters for tiny targets, built once per session (see tiny_models.Checkpoints)."""
+
+    def __init__(self, ckpts):
+        self.ckpts = ckpts
+
+    def _get(self, name, build):
+        return self.ckpts._get(name, build)
+
+    @property
+    def small_qwen3_target(self) -> Path:
+        """Qwen3 (q/k norm) on the small GPT-2 vocabulary: the EAGLE-3 layer then has q/k norms too."""
+        from tiny_models import make_checkpoint
+        return self._get("small_qwen3_target", lambda d: make_checkpoint(
+            d, "Qwen3ForCausalLM", self.ckpts.small_tokenizer, 1296, hidden=32, layers=3, heads=4, kv_heads=2,
+            seed=51, head_scale=4.0))
+
+    @property
+    def small_eagle3_reduced(self) -> Path:
+        return self._get("small_eagle3_reduced", lambda d: trained_eagle3_draft(self.ckpts.small_target, d, 640))
+
+    @property
+    def small_eagle3_full(self) -> Path:
+        return self._get("small_eagle3_full", lambda d: trained_eagle3_draft(self.ckpts.small_target, d, None))
+
+    @property
+    def qwen3_eagle3_reduced(self) -> Path:
+        return self._get("qwen3_eagle3_reduced", lambda d: trained_eagle3_draft(self.small_qwen3_target, d, 512))
