@@ -70,15 +70,28 @@ def target_continuations(target_dir: Path, num_prompts: int = 120, max_tokens: i
     return [o.prompt_token_ids + o.outputs[0].token_ids for o in outputs]
 
 
+def sampled_continuations(target_dir: Path, prompt: str, num: int = 768, max_tokens: int = 8) -> list[list[int]]:
+    """`prompt` with num continuations sampled from the target at temperature 1 (seeded)."""
+    from anydraft.config import SamplingParams
+    from anydraft.llm import LLM
+    alone = LLM(model=str(target_dir), dtype="float32", device="cpu", max_num_seqs=64, max_model_len=64)
+    params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=123_000 + i) for i in range(num)]
+    return [o.prompt_token_ids + o.outputs[0].token_ids for o in alone.generate([prompt] * num, params)]
+
+
 def trained_eagle3_draft(target_dir: Path, directory: Path, draft_vocab_size: int | None, steps: int = 60,
-                         seed: int = 0) -> Path:
+                         seed: int = 0, sampled_prompt: str | None = None) -> Path:
     """An EAGLE-3 drafter trained briefly by train/train_eagle3.py (the shipped drafters' code) on the target's
-    own continuations: it agrees with the target often enough that both acceptance and rejection run."""
+    own greedy continuations (and, with sampled_prompt, on samples after that prompt): it agrees with the
+    target often enough that both acceptance and rejection run."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
     from train_eagle3 import train_eagle3
+    sequences = target_continuations(target_dir)
+    if sampled_prompt is not None:
+        sequences += sampled_continuations(target_dir, sampled_prompt)
     train_eagle3(target_dir, directory, draft_vocab_size, steps=steps, tokens_per_batch=512, lr=2e-2, seed=seed,
-                 log_every=0, sequences=target_continuations(target_dir))
+                 log_every=0, sequences=sequences)
     return directory
 
 
@@ -106,6 +119,13 @@ class HiddenStateCheckpoints:
     @property
     def small_eagle3_full(self) -> Path:
         return self._get("small_eagle3_full", lambda d: trained_eagle3_draft(self.ckpts.small_target, d, None))
+
+    @property
+    def small_eagle3_sampling(self) -> Path:
+        """Also trained on the target's samples after the sampling tests' prompt: acceptance under sampling."""
+        from test_sampling_distribution import PROMPT
+        return self._get("small_eagle3_sampling", lambda d: trained_eagle3_draft(
+            self.ckpts.small_target, d, 640, steps=120, sampled_prompt=PROMPT))
 
     @property
     def qwen3_eagle3_reduced(self) -> Path:
