@@ -95,6 +95,18 @@ def trained_eagle3_draft(target_dir: Path, directory: Path, draft_vocab_size: in
     return directory
 
 
+def trained_dspark_draft(target_dir: Path, directory: Path, draft_vocab_size: int | None, anchor_first: bool,
+                         steps: int = 60, seed: int = 0) -> Path:
+    """A DSpark drafter (block 4, Markov rank 32) trained briefly by train/train_dspark.py on the target's own
+    continuations, in either block layout."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
+    from train_dspark import train_dspark
+    train_dspark(target_dir, directory, draft_vocab_size, steps=steps, tokens_per_batch=512, lr=2e-2,
+                 anchor_first=anchor_first, sequences=target_continuations(target_dir), seed=seed, log_every=0)
+    return directory
+
+
 class HiddenStateCheckpoints:
     """Drafters for tiny targets, built once per session (see tiny_models.Checkpoints)."""
 
@@ -126,6 +138,17 @@ class HiddenStateCheckpoints:
         from test_sampling_distribution import PROMPT
         return self._get("small_eagle3_sampling", lambda d: trained_eagle3_draft(
             self.ckpts.small_target, d, 640, steps=120, sampled_prompt=PROMPT))
+
+    @property
+    def small_dspark_anchor_first(self) -> Path:
+        return self._get("small_dspark_anchor_first", lambda d: trained_dspark_draft(
+            self.ckpts.small_target, d, 640, anchor_first=True))
+
+    @property
+    def small_dspark_fill_in(self) -> Path:
+        """The 1+N layout: the anchor is the bonus token, slots 1..3 draft."""
+        return self._get("small_dspark_fill_in", lambda d: trained_dspark_draft(
+            self.ckpts.small_target, d, None, anchor_first=False))
 
     @property
     def qwen3_eagle3_reduced(self) -> Path:
