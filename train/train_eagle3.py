@@ -132,8 +132,12 @@ def batches(sequences: list[list[int]], tokens_per_batch: int, max_len: int, rng
             yield ids, mask
 
 
-def build_draft(target_cfg: ModelConfig, target_state: dict, aux: list[int], head_target_ids, seed: int) -> Eagle3Draft:
-    layer_cfg = ModelConfig(**{**target_cfg.__dict__, "num_hidden_layers": 1, "tie_word_embeddings": False})
+def build_draft(target_cfg: ModelConfig, target_state: dict, aux: list[int], head_target_ids, seed: int,
+                layer_architecture: str = "LlamaForCausalLM") -> Eagle3Draft:
+    # A Llama decoder layer, as most published EAGLE-3 drafters have (vLLM's Eagle3 draft is Llama-layered).
+    qwen3 = layer_architecture == "Qwen3ForCausalLM"
+    layer_cfg = ModelConfig(**{**target_cfg.__dict__, "architecture": layer_architecture, "qk_norm": qwen3,
+                               "attention_bias": False, "num_hidden_layers": 1, "tie_word_embeddings": False})
     torch.manual_seed(seed)
     head_rows = target_cfg.vocab_size if head_target_ids is None else len(head_target_ids)
     draft = Eagle3Draft(layer_cfg, len(aux), target_cfg.hidden_size, head_rows)
@@ -146,7 +150,7 @@ def build_draft(target_cfg: ModelConfig, target_state: dict, aux: list[int], hea
 def train_eagle3(target_path: Path, out: Path, draft_vocab_size: int | None, steps: int, tokens_per_batch: int,
                  lr: float, ttt_steps: int = 3, answers_file: Path | None = None, limit: int | None = None,
                  max_len: int = 256, seed: int = 0, log_every: int = 25, autocast: bool = False,
-                 sequences: list[list[int]] | None = None) -> dict:
+                 sequences: list[list[int]] | None = None, layer_architecture: str = "LlamaForCausalLM") -> dict:
     torch.manual_seed(seed)
     target, _ = load_model(target_path, torch.float32, torch.device("cpu"))
     cfg = target.cfg
@@ -160,7 +164,7 @@ def train_eagle3(target_path: Path, out: Path, draft_vocab_size: int | None, ste
                                       always_include=tokenizer.eos_token_ids)
         head_target_ids = torch.arange(draft_vocab_size) + d2t
     target_state = {"embed": target.model.embed_tokens.weight.detach(), "head": target.lm_head.weight.detach()}
-    draft = build_draft(cfg, target_state, aux, head_target_ids, seed)
+    draft = build_draft(cfg, target_state, aux, head_target_ids, seed, layer_architecture)
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     schedule = torch.optim.lr_scheduler.LambdaLR(

@@ -80,7 +80,8 @@ def sampled_continuations(target_dir: Path, prompt: str, num: int = 768, max_tok
 
 
 def trained_eagle3_draft(target_dir: Path, directory: Path, draft_vocab_size: int | None, steps: int = 60,
-                         seed: int = 0, sampled_prompt: str | None = None) -> Path:
+                         seed: int = 0, sampled_prompt: str | None = None,
+                         layer_architecture: str = "LlamaForCausalLM") -> Path:
     """An EAGLE-3 drafter trained briefly by train/train_eagle3.py (the shipped drafters' code) on the target's
     own greedy continuations (and, with sampled_prompt, on samples after that prompt): it agrees with the
     target often enough that both acceptance and rejection run."""
@@ -91,7 +92,7 @@ def trained_eagle3_draft(target_dir: Path, directory: Path, draft_vocab_size: in
     if sampled_prompt is not None:
         sequences += sampled_continuations(target_dir, sampled_prompt)
     train_eagle3(target_dir, directory, draft_vocab_size, steps=steps, tokens_per_batch=512, lr=2e-2, seed=seed,
-                 log_every=0, sequences=sequences)
+                 log_every=0, sequences=sequences, layer_architecture=layer_architecture)
     return directory
 
 
@@ -152,4 +153,5 @@ class HiddenStateCheckpoints:
 
     @property
     def qwen3_eagle3_reduced(self) -> Path:
-        return self._get("qwen3_eagle3_reduced", lambda d: trained_eagle3_draft(self.small_qwen3_target, d, 512))
+        return self._get("qwen3_eagle3_reduced", lambda d: trained_eagle3_draft(
+            self.small_qwen3_target, d, 512, layer_architecture="Qwen3ForCausalLM"))
