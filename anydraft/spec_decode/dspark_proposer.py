@@ -15,7 +15,7 @@ from ..model.dspark import DSparkDraft, block_window
 from ..model.kv_cache import KVCache
 from ..model.speculators_config import SpeculatorsConfig
 from ..tensors import host_to_device
-from .proposer import Proposal, SamplingBatch
+from .proposer import Proposal, SamplingBatch, empty_proposal
 from .reduced_vocab import ReducedVocab
 from .sampling import draw_exponentials, logits_to_probs, sample_from_probs
 from .target_states import TargetStateLog
@@ -56,7 +56,10 @@ class DSparkProposer:
             self.states.extend(row, target_ids)
 
     @torch.inference_mode()
-    def propose(self, rows: list[int], sampling: SamplingBatch | None) -> Proposal:
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+        k = self.num_speculative_tokens if num_tokens is None else num_tokens
+        if k == 0:   # a plain target step: the unread target states wait for the next proposal
+            return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
         anchors = [self.states.last_target_id(row) for row in rows]
         pending = [self.states.take(row)[1] for row in rows]            # context states not yet in the cache
         counts = [len(states) for states in pending]
@@ -71,7 +74,7 @@ class DSparkProposer:
         head_logits_all = self.module.logits(hidden)                                          # [B, block, N]
         previous = block_ids[:, :1]                                                           # the anchor
         draft_target_ids, draft_probs = [], []
-        for i in range(self.num_speculative_tokens):
+        for i in range(k):
             slot = self.first_slot + i
             head_logits = head_logits_all[:, slot:slot + 1] + self.module.markov_bias(previous)   # [B, 1, N]
             head_logits = self.vocab.mask_padding(head_logits)

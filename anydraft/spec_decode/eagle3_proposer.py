@@ -11,7 +11,7 @@ import torch
 from ..model.eagle3 import Eagle3Draft
 from ..model.kv_cache import KVCache
 from ..tensors import host_to_device
-from .proposer import Proposal, SamplingBatch
+from .proposer import Proposal, SamplingBatch, empty_proposal
 from .reduced_vocab import ReducedVocab
 from .sampling import draw_exponentials, logits_to_probs, sample_from_probs
 from .target_states import TargetStateLog
@@ -50,8 +50,10 @@ class Eagle3Proposer:
             self.cache.truncate(row, self.states.rows[row].consumed)   # drop the drafted entries
 
     @torch.inference_mode()
-    def propose(self, rows: list[int], sampling: SamplingBatch | None) -> Proposal:
-        k = self.num_speculative_tokens
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+        k = self.num_speculative_tokens if num_tokens is None else num_tokens
+        if k == 0:   # a plain target step: the unread target states wait for the next proposal
+            return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
         pending = [self.states.take(row) for row in rows]
         counts = [len(ids) for ids, _ in pending]
         width = max(counts)
