@@ -118,9 +118,10 @@ class ModelRunner:
                 "matmul": matmul}
 
     def hand_hidden_states_to(self, layer_ids: list[int], sink) -> None:
-        """From now on every forward also hands `sink(rows, states [B, S, len(layer_ids) * hidden], num_new)` the
+        """From now on every forward also hands `sink(rows, states [B, S, len(layer_ids) * hidden], num_new, starts)` the
         residual stream at the input of these layers (CausalLM.forward's capture_layers): a hidden-state draft
-        reads them at the positions the target verified, with no second target forward and no host sync."""
+        reads them at the positions the target verified, with no second target forward and no host sync.
+        starts[b]: the cache position of row b's first new token (0: the row starts a new sequence)."""
         if self.model.native is not None and not getattr(self.model.native, "can_capture", False):
             # The native body returns only the last hidden state: run the PyTorch body for this target.
             self.model.native = None
@@ -137,6 +138,7 @@ class ModelRunner:
         """
         seq_len = input_ids.shape[1]
         captured = None
+        starts = None if self.capture_layers is None else [self.cache.lengths[r] for r in rows]
         if self.model.native is not None:   # one native call; positions as host ints, no window tensors
             positions = self.cache.host_positions(rows, seq_len, num_new)
             if self.capture_layers is None:
@@ -150,7 +152,7 @@ class ModelRunner:
                                           capture_layers=self.capture_layers)
         self.cache.advance(rows, num_new if num_new is not None else seq_len)
         if captured is not None:
-            self.hidden_state_sink(rows, captured, num_new if num_new is not None else seq_len)
+            self.hidden_state_sink(rows, captured, num_new if num_new is not None else seq_len, starts)
         return hidden
 
     @torch.inference_mode()

@@ -24,12 +24,11 @@ from .target_states import TargetStateLog
 class DSparkProposer:
     def __init__(self, module: DSparkDraft, vocab: ReducedVocab, num_speculative_tokens: int, max_batch: int,
                  max_len: int, cfg: SpeculatorsConfig):
-        drafts_per_block = cfg.block_size if cfg.sample_from_anchor else cfg.block_size - 1
-        if num_speculative_tokens > drafts_per_block:
-            raise ValueError(f"{cfg.path}: a block of {cfg.block_size} "
-                             f"({'anchor-first' if cfg.sample_from_anchor else '1+N'} layout) drafts at most "
-                             f"{drafts_per_block} tokens; num_speculative_tokens is {num_speculative_tokens}")
-        self.module, self.vocab, self.num_speculative_tokens = module, vocab, num_speculative_tokens
+        # One block is one forward: more tokens than it drafts would need a second, so k is capped there
+        # (reported as draft_info["num_speculative_tokens"]).
+        self.drafts_per_block = cfg.block_size if cfg.sample_from_anchor else cfg.block_size - 1
+        self.module, self.vocab = module, vocab
+        self.num_speculative_tokens = min(num_speculative_tokens, self.drafts_per_block)
         self.block_size, self.mask_token_id = cfg.block_size, cfg.mask_token_id
         self.first_slot = 0 if cfg.sample_from_anchor else 1   # the slot that predicts the token after the anchor
         param = module.fc.weight
@@ -40,8 +39,8 @@ class DSparkProposer:
         self.states = TargetStateLog()
 
     @torch.inference_mode()
-    def receive_target_states(self, rows: list[int], states: torch.Tensor, num_new) -> None:
-        self.states.receive(rows, self.module.fuse_target_states(states), num_new)
+    def receive_target_states(self, rows: list[int], states: torch.Tensor, num_new, starts: list[int]) -> None:
+        self.states.receive(rows, self.module.fuse_target_states(states), num_new, starts)
 
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
         self.states.start(row, prompt_target_ids)
@@ -51,23 +50,27 @@ class DSparkProposer:
         self.states.remove(row)
         self.cache.reset(row)
 
+    @torch.inference_mode()
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
+        """The verified target states go into the context cache at once (every step, whatever k the next step
+        drafts): a proposal is then the block forward alone."""
         for row, target_ids in zip(rows, new_target_ids):
             self.states.extend(row, target_ids)
+        if not rows:
+            return
+        pending = [self.states.take(row)[1] for row in rows]
+        counts = [len(states) for states in pending]
+        width = max(counts)
+        context = torch.stack([torch.nn.functional.pad(s, (0, 0, 0, width - len(s))) for s in pending])
+        self.module.write_context(context, self.cache, self.cache.window(rows, width, counts))
+        self.cache.advance(rows, counts)
 
     @torch.inference_mode()
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
-        k = self.num_speculative_tokens if num_tokens is None else num_tokens
-        if k == 0:   # a plain target step: the unread target states wait for the next proposal
+        k = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.drafts_per_block)
+        if k == 0:   # a plain target step
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
         anchors = [self.states.last_target_id(row) for row in rows]
-        pending = [self.states.take(row)[1] for row in rows]            # context states not yet in the cache
-        counts = [len(states) for states in pending]
-        width = max(counts)
-        if width:
-            context = torch.stack([torch.nn.functional.pad(s, (0, 0, 0, width - len(s))) for s in pending])
-            self.module.write_context(context, self.cache, self.cache.window(rows, width, counts))
-            self.cache.advance(rows, counts)
         block_ids = host_to_device([[a] + [self.mask_token_id] * (self.block_size - 1) for a in anchors],
                                    self.device, torch.long)                                  # [B, block]
         hidden = self.module(block_ids, self.cache, block_window(self.cache, rows, self.block_size))

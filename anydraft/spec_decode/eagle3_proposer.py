@@ -1,8 +1,8 @@
 """Eagle3Proposer: an EAGLE-3 draft reading the target's hidden states, k tokens per row per step.
 
-Each step feeds the draft the entries the target verified since the last one (token x_j with the fused target
-states of x_{j-1}, see model/eagle3.py), then drafts k tokens chaining its own output. The drafted entries
-are rewound afterwards: once verified, those positions are fed again with the target's states.
+After each verification the draft reads the entries the target verified (token x_j with the fused target
+states of x_{j-1}, see model/eagle3.py); a proposal then drafts k tokens chaining its own output. The drafted
+entries are rewound at the next observe: once verified, those positions are fed again with the target's states.
 """
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ class Eagle3Proposer:
         self.cache = KVCache(cfg.num_hidden_layers, max_batch, max_len, cfg.num_key_value_heads, cfg.head_dim,
                              self.dtype, self.device)
         self.states = TargetStateLog()
+        self.carried: dict[int, torch.Tensor] = {}   # row -> the draft's output at its last verified entry
 
     # -- the target's side ---------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def receive_target_states(self, rows: list[int], states: torch.Tensor, num_new) -> None:
+    def receive_target_states(self, rows: list[int], states: torch.Tensor, num_new, starts: list[int]) -> None:
         """[B, S, num_aux * target_hidden] from a target forward; fused at once (kept [S, hidden] per row)."""
-        self.states.receive(rows, self.module.fuse_target_states(states), num_new)
+        self.states.receive(rows, self.module.fuse_target_states(states), num_new, starts)
 
     # -- the Proposer protocol -------------------------------------------------------------------------------------
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
@@ -42,18 +43,20 @@ class Eagle3Proposer:
 
     def remove_request(self, row: int) -> None:
         self.states.remove(row)
+        self.carried.pop(row, None)
         self.cache.reset(row)
 
+    @torch.inference_mode()
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
+        """Rewind the drafted entries, then feed the verified ones at once (every step, whatever k the next
+        step drafts): a proposal then costs k draft forwards, as the adaptive k's cost model assumes."""
         for row, target_ids in zip(rows, new_target_ids):
             self.states.extend(row, target_ids)
             self.cache.truncate(row, self.states.rows[row].consumed)   # drop the drafted entries
+        if rows:
+            self._feed_verified(rows)
 
-    @torch.inference_mode()
-    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
-        k = self.num_speculative_tokens if num_tokens is None else num_tokens
-        if k == 0:   # a plain target step: the unread target states wait for the next proposal
-            return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
+    def _feed_verified(self, rows: list[int]) -> None:
         pending = [self.states.take(row) for row in rows]
         counts = [len(ids) for ids, _ in pending]
         width = max(counts)
@@ -61,8 +64,15 @@ class Eagle3Proposer:
         hidden = torch.stack([torch.nn.functional.pad(states, (0, 0, 0, width - len(states)))
                               for _, states in pending])                                  # [B, W, hidden]
         out = self._forward(rows, input_ids, hidden, counts)                             # [B, W, hidden]
-        last = host_to_device([c - 1 for c in counts], self.device, torch.long)
-        carried = out[torch.arange(len(rows), device=self.device), last][:, None]        # [B, 1, hidden]
+        for b, (row, count) in enumerate(zip(rows, counts)):
+            self.carried[row] = out[b, count - 1]                  # what the first draft step reads [hidden]
+
+    @torch.inference_mode()
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+        k = self.num_speculative_tokens if num_tokens is None else num_tokens
+        if k == 0:   # a plain target step: the unread target states wait for the next proposal
+            return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
+        carried = torch.stack([self.carried[row] for row in rows])[:, None]              # [B, 1, hidden]
         draft_target_ids, draft_probs = [], []
         for i in range(k):
             head_logits = self.vocab.mask_padding(self.module.logits(carried))             # [B, 1, N]

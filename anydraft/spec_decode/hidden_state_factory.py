@@ -51,4 +51,5 @@ def build_hidden_state_proposer(spec: SpeculativeConfig, path: Path, target: Mod
     if cfg.kind == "dspark":
         info["block_layout"] = "anchor-first" if cfg.sample_from_anchor else "1+N (bonus anchor)"
         info["block_size"] = cfg.block_size
+        info["num_speculative_tokens"] = proposer.num_speculative_tokens   # capped at what one block drafts
     return proposer, info

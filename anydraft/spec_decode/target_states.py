@@ -23,17 +23,25 @@ class RowStates:
     target_ids: list[int] = field(default_factory=list)        # x_{m+1}..x_{n-1}
     num_target_ids: int = 0      # n
     started: bool = False
+    last_target_id: int = -1
 
 
 class TargetStateLog:
     def __init__(self):
         self.rows: dict[int, RowStates] = {}
 
-    def receive(self, rows: list[int], states: torch.Tensor, num_new: list[int] | int) -> None:
-        """states [B, S, W] of a target forward over S new tokens of each row (num_new[b] real ones)."""
+    def receive(self, rows: list[int], states: torch.Tensor, num_new: list[int] | int, starts: list[int]) -> None:
+        """states [B, S, W] of a target forward over S new tokens of each row (num_new[b] real ones), the first
+        at cache position starts[b]. Position 0 starts a new sequence (a prompt's first chunk comes before
+        add_request); any other start must continue what the log holds."""
         counts = [num_new] * len(rows) if isinstance(num_new, int) else num_new
-        for b, (row, count) in enumerate(zip(rows, counts)):
-            log = self.rows.setdefault(row, RowStates())   # the prompt's forward comes before add_request
+        for b, (row, count, start) in enumerate(zip(rows, counts, starts)):
+            if start == 0:
+                self.rows[row] = RowStates()
+            log = self.rows.get(row)
+            if log is None or start != log.consumed + log.num_states:
+                held = None if log is None else log.consumed + log.num_states
+                raise RuntimeError(f"row {row}: target states from position {start}, but the log ends at {held}")
             log.chunks.append(states[b, :count])
             log.num_states += count
 
@@ -45,6 +53,7 @@ class TargetStateLog:
                                f"{len(prompt_target_ids)} tokens; is the target runner wired to this proposer "
                                f"(ModelRunner.hand_hidden_states_to)?")
         log.target_ids = list(prompt_target_ids[1:])
+        log.last_target_id = prompt_target_ids[-1]
         log.num_target_ids = len(prompt_target_ids)
         log.started = True
 
@@ -52,6 +61,7 @@ class TargetStateLog:
         """The target sequence grew by these ids; drop the states of positions the target has rewound."""
         log = self.rows[row]
         log.target_ids.extend(new_target_ids)
+        log.last_target_id = log.target_ids[-1]
         log.num_target_ids += len(new_target_ids)
         excess = log.consumed + log.num_states - (log.num_target_ids - 1)
         if excess < 0:
@@ -75,7 +85,8 @@ class TargetStateLog:
         return target_ids, states
 
     def last_target_id(self, row: int) -> int:
-        return self.rows[row].target_ids[-1]
+        """x_{n-1}, the newest target token (kept after `take`)."""
+        return self.rows[row].last_target_id
 
     def remove(self, row: int) -> None:
         self.rows.pop(row, None)

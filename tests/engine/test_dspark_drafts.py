@@ -44,11 +44,14 @@ def test_fill_in_layout_full_vocabulary_has_no_table(ckpts, drafts, llms):
     assert llm.proposer.vocab.head_to_target is None and llm.proposer.vocab.logits_buffer is None
 
 
-def test_more_tokens_than_a_block_drafts_is_refused(ckpts, drafts):
-    with pytest.raises(ValueError, match=r"1\+N layout\) drafts at most 3 tokens; num_speculative_tokens is 4"):
-        LLM(model=str(ckpts.small_target), speculative_config={"model": str(drafts.small_dspark_fill_in),
-                                                               "num_speculative_tokens": 4},
-            dtype="float32", device="cpu", max_num_seqs=1, max_model_len=64)
+def test_k_is_capped_at_what_one_block_drafts(ckpts, drafts, llms, prompts):
+    """The 1+N layout of block 4 drafts 3 tokens per forward: asking for 5 drafts 3 (reported), output unchanged."""
+    llm = llms.get(ckpts.small_target, drafts.small_dspark_fill_in, k=5)
+    assert llm.proposer.num_speculative_tokens == 3 and llm.draft_info["num_speculative_tokens"] == 3
+    outputs = llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    for prompt, output in zip(prompts, outputs):
+        assert output.outputs[0].token_ids == reference_greedy(ckpts.small_target, prompt, MAX_TOKENS)
+        assert output.metrics["num_drafted"] <= 3 * output.metrics["target_forwards"]
 
 
 def test_layout_must_be_stated(ckpts, drafts, tmp_path):

@@ -27,7 +27,7 @@ def test_native_capture_equals_pytorch_capture(tmp_path, monkeypatch):
     for native in (True, False):
         monkeypatch.setenv("ANYDRAFT_NATIVE", "1" if native else "0")
         runner = ModelRunner.load(path, torch.bfloat16, CPU, max_batch=2, max_len=64)
-        runner.hand_hidden_states_to(layers, lambda rows, states, num_new, key=native: received.setdefault(key, []).append(
+        runner.hand_hidden_states_to(layers, lambda rows, states, num_new, starts, key=native: received.setdefault(key, []).append(
             (rows, states.clone(), num_new)))
         assert (runner.native_unavailable is None) == native   # capturing keeps the native body
         runners[native] = runner
