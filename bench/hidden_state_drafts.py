@@ -2,7 +2,7 @@
 
     python bench/hidden_state_drafts.py --num-questions 20 --out bench/results/DATE-hidden-state/gsm8k.json
 
-Greedy, bf16, GSM8K test questions (zero-shot prompt the models were trained on), one LLM per draft in turn in
+Greedy, bf16, fixed k, GSM8K test questions (zero-shot prompt the models were trained on), one LLM per draft in turn in
 one process, same batch size. Reports AL, acceptance by position, tok/s and exact matches against the target
 alone (token for token). Timings on a shared 2-core machine are noisy; compare within one run.
 """
@@ -45,7 +45,8 @@ def main():
     results = []
 
     def run(draft, k):
-        spec = None if draft is None else {"model": draft, "num_speculative_tokens": k}
+        # fixed k (adaptive k off): AL and speed at the k each drafter was trained for, side by side
+        spec = None if draft is None else {"model": draft, "num_speculative_tokens": k, "adaptive": False}
         llm = LLM(model=args.target, speculative_config=spec, dtype="bfloat16", device="cpu",
                   max_num_seqs=args.batch_size, max_model_len=1024)
         llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8))   # warm-up
