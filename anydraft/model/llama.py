@@ -211,17 +211,27 @@ class CausalLM(nn.Module):
                 module.fuse_projections()
 
     def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None, win: CacheWindow | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids [B, S] -> hidden [B, S, hidden]. Without a cache: plain causal attention (training)."""
+                positions: torch.Tensor | None = None, capture_layers: list[int] | None = None):
+        """input_ids [B, S] -> hidden [B, S, hidden]. Without a cache: plain causal attention (training).
+
+        capture_layers: also return the residual stream at the input of these layers, side by side
+        [B, S, len * hidden] (id i = after i layers: 0 the embeddings, num_layers the last layer's output
+        before the final norm; what a hidden-state draft reads, speculators' layer ids)."""
         x = self.model.embed_tokens(input_ids)
         if win is not None:
             positions = win.positions
         elif positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand(input_ids.shape[0], -1)
         cos, signed_sin = self.rope(positions, x.dtype)
-        for layer in self.model.layers:
+        captured = {}
+        for i, layer in enumerate(self.model.layers):
+            if capture_layers is not None and i in capture_layers:
+                captured[i] = x
             x = layer(x, cos, signed_sin, cache, win)
-        return self.model.norm(x)
+        if capture_layers is None:
+            return self.model.norm(x)
+        captured[len(self.model.layers)] = x
+        return self.model.norm(x), torch.cat([captured[i] for i in capture_layers], dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -13,7 +13,9 @@ from .grown_checkpoint import resolve_grown, split_grown_name
 from .llama import CausalLM, rope_inv_freq
 from .shapes import SHAPES
 
-BUILTIN_MODELS = ("qwen3-target", "qwen3-draft", "smollm2-target", "smollm2-draft")
+BUILTIN_MODELS = ("qwen3-target", "qwen3-draft", "smollm2-target", "smollm2-draft",
+                  # speculators-format drafters for qwen3-target (EAGLE-3, DSpark; -full: no d2t, the target's head)
+                  "qwen3-eagle3", "qwen3-eagle3-full", "qwen3-dspark", "qwen3-dspark-full")
 DEFAULT_TARGET, DEFAULT_DRAFT = "qwen3-target", "smollm2-draft"
 D2T_KEYS = ("d2t", "t2d")
 

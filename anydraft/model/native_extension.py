@@ -181,10 +181,19 @@ class NativeDecoder:
         self.embed = model.model.embed_tokens.weight.detach().contiguous()
         self.inv_freq = model._inv_freq.float().contiguous()
 
-    def __call__(self, input_ids: torch.Tensor, cache, slots: list[int], positions: list[int]) -> torch.Tensor:
+    can_capture = True   # returns the residual stream at chosen layers too (ModelRunner.hand_hidden_states_to)
+
+    def __call__(self, input_ids: torch.Tensor, cache, slots: list[int], positions: list[int],
+                 capture_layers: list[int] | None = None):
         """input_ids [B, S] -> hidden [B, S, H] after the final norm; writes the new k/v into `cache` at
-        (slots[b], positions[b * S + s]) (KVCache.host_positions)."""
+        (slots[b], positions[b * S + s]) (KVCache.host_positions). With capture_layers, returns (hidden, the
+        residual stream at the input of those layers [B, S, len * H]), as CausalLM.forward does."""
         cfg = self.cfg
-        return self.extension.decoder_forward(input_ids, self.embed, self.layer_tensors, self.final_norm, cache.k,
-                                              cache.v, slots, positions, self.inv_freq, cfg.num_attention_heads,
-                                              cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps)
+        layers = capture_layers or []
+        captured = torch.empty((*input_ids.shape, len(layers) * cfg.hidden_size) if layers else (0,),
+                               dtype=torch.bfloat16)
+        hidden = self.extension.decoder_forward(input_ids, self.embed, self.layer_tensors, self.final_norm, cache.k,
+                                                cache.v, slots, positions, self.inv_freq, cfg.num_attention_heads,
+                                                cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, captured,
+                                                layers)
+        return hidden if capture_layers is None else (hidden, captured)

@@ -49,6 +49,9 @@ class ModelRunner:
         head_rows = model.lm_head.out_features
         self.num_token_rows = head_rows if num_token_rows is None else min(num_token_rows, head_rows)
         self.head_to_model_rows: torch.Tensor | None = None  # set by prune_head: [N] original row per head row
+        # Set by hand_hidden_states_to: a hidden-state draft's layers and where their states go after each forward.
+        self.capture_layers: list[int] | None = None
+        self.hidden_state_sink = None
 
     @classmethod
     def load(cls, name_or_path, dtype: torch.dtype, device: torch.device, max_batch: int, max_len: int,
@@ -114,6 +117,19 @@ class ModelRunner:
                 "head": "native" if self.native_head is not None else f"pytorch: {self.native_head_unavailable}",
                 "matmul": matmul}
 
+    def hand_hidden_states_to(self, layer_ids: list[int], sink) -> None:
+        """From now on every forward also hands `sink(rows, states [B, S, len(layer_ids) * hidden], num_new, starts)` the
+        residual stream at the input of these layers (CausalLM.forward's capture_layers): a hidden-state draft
+        reads them at the positions the target verified, with no second target forward and no host sync.
+        starts[b]: the cache position of row b's first new token (0: the row starts a new sequence)."""
+        if self.model.native is not None and not getattr(self.model.native, "can_capture", False):
+            # The native body returns only the last hidden state: run the PyTorch body for this target.
+            self.model.native = None
+            self.native_unavailable = f"a hidden-state draft reads layers {layer_ids}, which the native body does not return"
+            if self.packed:
+                pack_linears(self.model.model)
+        self.capture_layers, self.hidden_state_sink = list(layer_ids), sink
+
     @torch.inference_mode()
     def forward(self, rows: list[int], input_ids: torch.Tensor, num_new: list[int] | None = None) -> torch.Tensor:
         """Append input_ids [B, S] to the rows' caches; returns hidden states [B, S, hidden].
@@ -121,11 +137,22 @@ class ModelRunner:
         num_new[b] < S means row b's input is right-padded: only its first num_new[b] tokens are kept.
         """
         seq_len = input_ids.shape[1]
+        captured = None
+        starts = None if self.capture_layers is None else [self.cache.lengths[r] for r in rows]
         if self.model.native is not None:   # one native call; positions as host ints, no window tensors
-            hidden = self.model.native(input_ids, self.cache, rows, self.cache.host_positions(rows, seq_len, num_new))
-        else:
+            positions = self.cache.host_positions(rows, seq_len, num_new)
+            if self.capture_layers is None:
+                hidden = self.model.native(input_ids, self.cache, rows, positions)
+            else:
+                hidden, captured = self.model.native(input_ids, self.cache, rows, positions, self.capture_layers)
+        elif self.capture_layers is None:
             hidden = self.model(input_ids, self.cache, self.cache.window(rows, seq_len, num_new))
+        else:
+            hidden, captured = self.model(input_ids, self.cache, self.cache.window(rows, seq_len, num_new),
+                                          capture_layers=self.capture_layers)
         self.cache.advance(rows, num_new if num_new is not None else seq_len)
+        if captured is not None:
+            self.hidden_state_sink(rows, captured, num_new if num_new is not None else seq_len, starts)
         return hidden
 
     @torch.inference_mode()

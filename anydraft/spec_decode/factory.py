@@ -8,6 +8,7 @@ import torch
 from ..config import SpeculativeConfig, parse_dtype, resolve_device
 from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
+from ..model.speculators_config import is_speculators_checkpoint
 from ..tokenizer import Tokenizer, same_vocabulary
 from ..vocab.cache import default_cache_dir, load_or_build_bridge
 from ..vocab.d2t import validate_d2t
@@ -54,6 +55,9 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
     dtype = parse_dtype(spec.dtype) if spec.dtype else target.dtype
     device = resolve_device(spec.device) if spec.device else target.device
     path = resolve_model_path(spec.model)
+    if is_speculators_checkpoint(path):   # EAGLE-3 / DSpark: the draft reads the target's hidden states
+        from .hidden_state_factory import build_hidden_state_proposer
+        return build_hidden_state_proposer(spec, path, target, target_tokenizer, max_batch, max_model_len)
     draft_tokenizer = _draft_tokenizer(path, target_tokenizer, spec.vocab_mode)
     # The draft's sequence can be longer than the target's (another tokenizer) and is right-padded in batches.
     runner = ModelRunner.load(path, dtype, device, max_batch, 2 * max_model_len + 64,

@@ -7,7 +7,8 @@
 torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std::vector<torch::Tensor> layers,
                               torch::Tensor final_norm, torch::Tensor k_cache, torch::Tensor v_cache,
                               std::vector<int64_t> slots, std::vector<int64_t> positions, torch::Tensor inv_freq,
-                              int64_t Hq, int64_t Hkv, int64_t D, double eps_d);
+                              int64_t Hq, int64_t Hkv, int64_t D, double eps_d, torch::Tensor captured,
+                              std::vector<int64_t> capture_layers);
 torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight);
 std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                           torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows);

@@ -125,10 +125,13 @@ void attend(const float* q, const float* k, const float* v, int64_t Hq, int64_t 
 // k_cache / v_cache: [L, B_max, L_max+1, Hkv, D] bf16, written at (slots[b], positions[b*S + s]); a new token's
 // position is also its rotary position, and key j is visible to it iff j <= its position.
 // inv_freq: [D/2] float32 rotary inverse frequencies.
+// captured: [B, S, len(capture_layers) * H] bf16, or empty: the residual stream at the input of each listed layer
+// (id L = the last layer's output before the final norm), side by side, for a hidden-state draft.
 torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std::vector<torch::Tensor> layers,
                               torch::Tensor final_norm, torch::Tensor k_cache, torch::Tensor v_cache,
                               std::vector<int64_t> slots, std::vector<int64_t> positions, torch::Tensor inv_freq,
-                              int64_t Hq, int64_t Hkv, int64_t D, double eps_d) {
+                              int64_t Hq, int64_t Hkv, int64_t D, double eps_d, torch::Tensor captured,
+                              std::vector<int64_t> capture_layers) {
   TORCH_CHECK(embed.scalar_type() == at::kBFloat16 && embed.is_contiguous(), "embed: contiguous bf16 expected");
   TORCH_CHECK(layers.size() % 8 == 0, "8 tensors per layer expected");
   auto ids = input_ids.to(at::kLong).contiguous();
@@ -157,7 +160,20 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
     for (int64_t i = 0; i < H; ++i) x[m * H + i] = bf16_to_float(table[id[m] * H + i]);
   }
 
+  const int64_t num_captured = capture_layers.size();
+  TORCH_CHECK(num_captured == 0 || (captured.scalar_type() == at::kBFloat16 && captured.is_contiguous() &&
+              captured.numel() == M * num_captured * H), "captured: contiguous bf16 [B, S, layers * H] expected");
+  // x holds bf16-exact values (every residual add is rounded), so the copy is exact.
+  auto capture = [&](int64_t layer) {
+    for (int64_t c = 0; c < num_captured; ++c) {
+      if (capture_layers[c] != layer) continue;
+      uint16_t* dst = bf16_ptr_mut(captured);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t i = 0; i < H; ++i) dst[(m * num_captured + c) * H + i] = float_to_bf16(x[m * H + i]);
+    }
+  };
   for (int64_t l = 0; l < L; ++l) {
+    capture(l);
     const torch::Tensor* t = &layers[l * 8];
     const int64_t I = t[6].size(0) / 2;
     rms_norm(x.data(), M, H, bf16_ptr(t[0]), 1, eps, normed.data());
@@ -196,6 +212,7 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
     linear(act.data(), M, I, bf16_ptr(t[7]), nullptr, H, proj.data());
     for (int64_t i = 0; i < M * H; ++i) x[i] = round_bf16(x[i] + proj[i]);
   }
+  capture(L);
   rms_norm(x.data(), M, H, bf16_ptr(final_norm), 1, eps, normed.data());
   auto out = torch::empty({B, S, H}, embed.options());
   uint16_t* o = bf16_ptr_mut(out);

@@ -1,0 +1,100 @@
+"""Eagle3Proposer: an EAGLE-3 draft reading the target's hidden states, k tokens per row per step.
+
+After each verification the draft reads the entries the target verified (token x_j with the fused target
+states of x_{j-1}, see model/eagle3.py); a proposal then drafts k tokens chaining its own output. The drafted
+entries are rewound at the next observe: once verified, those positions are fed again with the target's states.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..model.eagle3 import Eagle3Draft
+from ..model.kv_cache import KVCache
+from ..tensors import host_to_device
+from .proposer import Proposal, SamplingBatch, empty_proposal
+from .reduced_vocab import ReducedVocab
+from .sampling import draw_exponentials, logits_to_probs, sample_from_probs
+from .target_states import TargetStateLog
+
+
+class Eagle3Proposer:
+    def __init__(self, module: Eagle3Draft, vocab: ReducedVocab, num_speculative_tokens: int, max_batch: int,
+                 max_len: int):
+        cfg = module.cfg
+        param = module.fc.weight
+        self.module, self.vocab = module, vocab
+        self.num_speculative_tokens = num_speculative_tokens
+        self.device, self.dtype = param.device, param.dtype
+        self.cache = KVCache(cfg.num_hidden_layers, max_batch, max_len, cfg.num_key_value_heads, cfg.head_dim,
+                             self.dtype, self.device)
+        self.states = TargetStateLog()
+        self.carried: dict[int, torch.Tensor] = {}   # row -> the draft's output at its last verified entry
+
+    # -- the target's side ---------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def receive_target_states(self, rows: list[int], states: torch.Tensor, num_new, starts: list[int]) -> None:
+        """[B, S, num_aux * target_hidden] from a target forward; fused at once (kept [S, hidden] per row)."""
+        self.states.receive(rows, self.module.fuse_target_states(states), num_new, starts)
+
+    # -- the Proposer protocol -------------------------------------------------------------------------------------
+    def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
+        self.states.start(row, prompt_target_ids)
+        self.cache.reset(row)
+
+    def remove_request(self, row: int) -> None:
+        self.states.remove(row)
+        self.carried.pop(row, None)
+        self.cache.reset(row)
+
+    @torch.inference_mode()
+    def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
+        """Rewind the drafted entries, then feed the verified ones at once (every step, whatever k the next
+        step drafts): a proposal then costs k draft forwards, as the adaptive k's cost model assumes."""
+        for row, target_ids in zip(rows, new_target_ids):
+            self.states.extend(row, target_ids)
+            self.cache.truncate(row, self.states.rows[row].consumed)   # drop the drafted entries
+        if rows:
+            self._feed_verified(rows)
+
+    def _feed_verified(self, rows: list[int]) -> None:
+        pending = [self.states.take(row) for row in rows]
+        counts = [len(ids) for ids, _ in pending]
+        width = max(counts)
+        input_ids = host_to_device([ids + [0] * (width - len(ids)) for ids, _ in pending], self.device, torch.long)
+        hidden = torch.stack([torch.nn.functional.pad(states, (0, 0, 0, width - len(states)))
+                              for _, states in pending])                                  # [B, W, hidden]
+        out = self._forward(rows, input_ids, hidden, counts)                             # [B, W, hidden]
+        for b, (row, count) in enumerate(zip(rows, counts)):
+            self.carried[row] = out[b, count - 1]                  # what the first draft step reads [hidden]
+
+    @torch.inference_mode()
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+        k = self.num_speculative_tokens if num_tokens is None else num_tokens
+        if k == 0:   # a plain target step: the unread target states wait for the next proposal
+            return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
+        carried = torch.stack([self.carried[row] for row in rows])[:, None]              # [B, 1, hidden]
+        draft_target_ids, draft_probs = [], []
+        for i in range(k):
+            head_logits = self.vocab.mask_padding(self.module.logits(carried))             # [B, 1, N]
+            if sampling is None:
+                chosen = self.vocab.greedy_target_ids(head_logits)                         # [B, 1] target ids
+            else:
+                target_probs = logits_to_probs(self.vocab.target_logits(head_logits), sampling.temperature,
+                                               sampling.top_k, sampling.top_p)             # [B, 1, V_target]
+                head_probs = self.vocab.head_probs(target_probs)                           # [B, 1, N]
+                noise = draw_exponentials(sampling.randoms, 1, head_probs.shape[-1], self.device)
+                chosen = self.vocab.to_target(sample_from_probs(head_probs, noise.to(head_probs.dtype)))
+                draft_probs.append(target_probs)
+            draft_target_ids.append(chosen)
+            if i < k - 1:
+                carried = self._forward(rows, chosen, carried, 1)
+        probs = None if sampling is None else torch.cat(draft_probs, dim=1)               # [B, k, V_target]
+        return Proposal(torch.cat(draft_target_ids, dim=1), probs)
+
+    def _forward(self, rows: list[int], input_ids: torch.Tensor, hidden: torch.Tensor, num_new) -> torch.Tensor:
+        """Append entries [B, S] to the draft cache (num_new[b] real ones per row)."""
+        seq_len = input_ids.shape[1]
+        counts = num_new if isinstance(num_new, list) else None
+        out = self.module(input_ids, hidden, self.cache, self.cache.window(rows, seq_len, counts))
+        self.cache.advance(rows, num_new)
+        return out

@@ -1,0 +1,43 @@
+"""The native body hands a hidden-state draft the same residual-stream states the PyTorch body computes, so a
+bf16 target keeps its native kernels (and their batch-invariant exactness) with an EAGLE-3 drafter."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anydraft.model.config import ModelConfig
+from anydraft.model.native_extension import why_not_native
+from anydraft.model.runner import ModelRunner
+
+from tiny_models import TOKENIZERS, make_checkpoint
+
+CPU = torch.device("cpu")
+ELIGIBLE = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+REASON = why_not_native(ELIGIBLE, CPU, torch.bfloat16)
+
+
+@pytest.mark.skipif(REASON is not None, reason=f"native decoder unavailable: {REASON}")
+def test_native_capture_equals_pytorch_capture(tmp_path, monkeypatch):
+    path = make_checkpoint(tmp_path / "qwen3", "Qwen3ForCausalLM", TOKENIZERS / "qwen3", 151936, hidden=64, layers=3,
+                           heads=4, kv_heads=2, seed=9, head_scale=4.0)
+    layers = [0, 1, 3]
+    received = {}
+    runners = {}
+    for native in (True, False):
+        monkeypatch.setenv("ANYDRAFT_NATIVE", "1" if native else "0")
+        runner = ModelRunner.load(path, torch.bfloat16, CPU, max_batch=2, max_len=64)
+        runner.hand_hidden_states_to(layers, lambda rows, states, num_new, starts, key=native: received.setdefault(key, []).append(
+            (rows, states.clone(), num_new)))
+        assert (runner.native_unavailable is None) == native   # capturing keeps the native body
+        runners[native] = runner
+        ids = torch.tensor([[785, 4226, 374, 220], [16, 17, 18, 0]])
+        runner.forward([0, 1], ids, num_new=[4, 3])
+        runner.forward([0, 1], torch.tensor([[11], [12]]))
+    for (rows_n, states_n, new_n), (rows_p, states_p, new_p) in zip(received[True], received[False]):
+        assert rows_n == rows_p and new_n == new_p
+        assert states_n.shape == (2, states_n.shape[1], 3 * 64)
+        # layer 0 is the embedding itself: identical; later layers agree to bf16 rounding of the two bodies
+        assert torch.equal(states_n[0, :4, :64], states_p[0, :4, :64])
+        torch.testing.assert_close(states_n[0, :4].float(), states_p[0, :4].float(), atol=0.05, rtol=0.02)
+        torch.testing.assert_close(states_n[1, :3].float(), states_p[1, :3].float(), atol=0.05, rtol=0.02)
