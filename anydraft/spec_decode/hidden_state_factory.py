@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 
 from ..config import SpeculativeConfig, parse_dtype, resolve_device
 from ..model.packed_linear import can_pack, pack_linears
