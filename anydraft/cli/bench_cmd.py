@@ -73,6 +73,7 @@ def add_parser(sub) -> None:
                         "(enforce_eager=True, an extra pair); startup is reported apart and never timed")
     p.add_argument("--sweep-k", default="1-8", help="k values for the speedup-vs-k sweep of anydraft TLI, or 'none'")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads for every contender")
+    p.add_argument("--max-model-len", type=int, default=1024, help="prompt + output tokens per request, every contender")
     add_draft_head_args(p)   # given: extra rows "+ FR head N" beside the full-head ones
     p.add_argument("--data", default=None, help="directory with GSM8K test.jsonl")
     p.add_argument("--out", default=None, help="directory for JSON and PNGs (default bench/results/<date>/)")
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
                       repeats=args.repeats, peer_repeats=args.peer_repeats or args.repeats,
                       temperature=args.temperature, dtype=args.dtype, inflate=inflate,
                       peers=peers, vllm_python=args.vllm_python, vllm_modes=vllm_modes, sweep_ks=_ks(args.sweep_k), threads=args.threads,
+                      max_model_len=args.max_model_len,
                       data_dir=args.data, **draft_head_options(args))
     result = run_bench(cfg)
     result["markdown"] = markdown_table(result)
