@@ -35,20 +35,6 @@ PROPOSER_CLASS = "anydraft.integrations.vllm.AnydraftProposer"
 
 
 # -- worker: one contender, one vLLM engine ------------------------------------------------------------------
-def spec_counters(llm) -> dict:
-    out = {"drafts": 0, "accepted": 0, "per_position": []}
-    for metric in llm.get_metrics():
-        if metric.name == "vllm:spec_decode_num_drafts":
-            out["drafts"] += metric.value
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
-            out["accepted"] += metric.value
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            values = list(metric.values)
-            old = out["per_position"] + [0] * (len(values) - len(out["per_position"]))
-            out["per_position"] = [a + b for a, b in zip(old, values)]
-    return out
-
-
 def counter_delta(before: dict, after: dict) -> dict:
     per_position = [a - b for a, b in zip(after["per_position"], before["per_position"] + [0] * 64)]
     drafts, accepted = after["drafts"] - before["drafts"], after["accepted"] - before["accepted"]
@@ -66,6 +52,8 @@ def run_worker(job: dict) -> dict:
         os.environ["ANYDRAFT_DRAFT_MODEL"] = job["draft"]
     import vllm
     from vllm import LLM, SamplingParams
+
+    from anydraft.bench.vllm_worker import spec_counters   # anydraft is installed in vLLM's venv for this bench
 
     kwargs = dict(model=job["target"], dtype=job["dtype"], max_model_len=job["max_model_len"],
                   max_num_seqs=len(job["prompts"]), enforce_eager=job["enforce_eager"], disable_log_stats=False,

@@ -18,7 +18,7 @@ import sys
 import time
 
 
-def _spec_counters(llm) -> dict:
+def spec_counters(llm) -> dict:
     """vLLM's spec-decode counters (names as in vllm/v1/spec_decode/metrics.py)."""
     out = {"drafts": 0, "accepted": 0, "per_position": []}
     for metric in llm.get_metrics():
@@ -63,11 +63,11 @@ def main() -> int:
         request = json.loads(line)
         params = SamplingParams(temperature=temperature, max_tokens=request.get("max_tokens", job["max_tokens"]),
                                 seed=0)
-        before = _spec_counters(llm)
+        before = spec_counters(llm)
         start = time.perf_counter()
         result = llm.generate([{"prompt_token_ids": request["prompt_target_ids"]}], params, use_tqdm=False)[0]
         seconds = time.perf_counter() - start
-        after = _spec_counters(llm)
+        after = spec_counters(llm)
         per_position = [a - b for a, b in zip(after["per_position"], before["per_position"] + [0] * 64)]
         _reply("RESULT", {"output_target_ids": list(result.outputs[0].token_ids), "seconds": seconds,
                           "drafts": after["drafts"] - before["drafts"],
