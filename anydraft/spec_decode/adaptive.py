@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 # Prior acceptance for positions never tried yet: optimistic enough that a new draft gets tried at all.
 PRIOR_ACCEPTANCE = 0.7
-PRIOR_WEIGHT = 1.0      # pseudo-observations the prior is worth (one step of one row)
+PRIOR_WEIGHT = 4.0      # pseudo-observations the prior is worth: a few early rejections must not stop drafting
 DECAY = 0.98            # per observed step: old evidence fades, so the estimate follows the text being written
 
 
