@@ -48,9 +48,10 @@ def test_draft_proposes_from_its_synced_sequence(ckpts, llms, prompts, monkeypat
     resync = proposer.vocab.sync.resync if isinstance(proposer.vocab.sync, ResyncContextSync) else None
     target_table = llm.tokenizer.token_table
 
-    def propose(rows, sampling):
+    def propose(rows, sampling, num_tokens=None):
+        assert num_tokens in (None, k)   # a fixed k: the engine drafts k every step
         expected = {row: proposals_from_scratch(proposer, row) for row in rows}
-        proposal = real_propose(rows, sampling)
+        proposal = real_propose(rows, sampling, num_tokens)
         for i, row in enumerate(rows):
             assert proposal.draft_target_ids[i].tolist() == expected[row], f"row {row}, step {checked['steps']}"
             checked["proposals"] += k

@@ -52,7 +52,8 @@ def test_runner_reports_which_kernels_run(native_ckpts, monkeypatch):
     assert kernels["body"] == "native" and kernels["matmul"] in ("amx", "avx512")
     assert kernels["head"] == ("native" if native_extension.cpu_has("avx512_vnni") else
                                "pytorch: this CPU lacks AVX512-VNNI")
-    assert kernels["matmul"] == ("amx" if native_extension.cpu_has("amx_bf16") else "avx512")
+    amx = native_extension.cpu_has("amx_bf16") and os.environ.get("ANYDRAFT_NATIVE_AMX") == "1"   # AMX is opt-in
+    assert kernels["matmul"] == ("amx" if amx else "avx512")
     assert _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=False).kernels == {
         "body": "pytorch: turned off by ANYDRAFT_NATIVE=0",
         "head": "pytorch: the native body does not run (turned off by ANYDRAFT_NATIVE=0)", "matmul": "pytorch"}
