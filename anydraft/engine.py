@@ -75,6 +75,7 @@ class Engine:
         self.last_target_id: dict[int, int] = {}         # row -> the one token not yet in the target cache
         self.stats = SpecStats(self.k)
         self._next_id = itertools.count()
+        self._draft_reads_prompts = False   # requests joined since the draft last ran (adaptive's cost excludes them)
         if self.speculation is not None:
             self._calibrate_target_cost()
 
@@ -169,6 +170,7 @@ class Engine:
             else:
                 self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
                 joined.append(request)
+                self._draft_reads_prompts = True   # the next propose reads these prompts: not a draft step's cost
         self.proposer.observe([r.row for r in joined], [0] * len(joined),
                               [[self.last_target_id[r.row]] for r in joined])
         return admitted
@@ -212,7 +214,9 @@ class Engine:
         self._record(step_requests, row_drafts, num_accepted, new_target_ids)
         t3 = time.perf_counter()
         if self.speculation is not None:
-            self.speculation.observe_step(len(rows), k, num_accepted, t1 - t0, t2 - t1, t3 - t2)
+            draft_seconds = None if self._draft_reads_prompts and k else t1 - t0
+            self.speculation.observe_step(len(rows), k, num_accepted, draft_seconds, t2 - t1, t3 - t2)
+        self._draft_reads_prompts = self._draft_reads_prompts and not k
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0

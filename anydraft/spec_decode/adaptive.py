@@ -130,11 +130,12 @@ class AdaptiveSpeculation:
         self.history[best] = self.history.get(best, 0) + 1
         return best
 
-    def observe_step(self, rows: int, k: int, num_accepted: list[int], draft_seconds: float,
+    def observe_step(self, rows: int, k: int, num_accepted: list[int], draft_seconds: float | None,
                      target_seconds: float, host_seconds: float) -> None:
-        """What a step of `rows` rows drafting k accepted, and the measured seconds of its parts."""
+        """What a step of `rows` rows drafting k accepted, and the measured seconds of its parts (draft_seconds
+        None: the draft also read new prompts this step, so its time says nothing of a draft step's cost)."""
         self.acceptance.observe(k, num_accepted)
         self.target_cost.observe(rows * (k + 1), target_seconds)
-        if k:
+        if k and draft_seconds is not None:
             self.draft_cost.observe(rows, draft_seconds / k)
         self.host_seconds = 0.9 * self.host_seconds + 0.1 * host_seconds if self.host_seconds else host_seconds
