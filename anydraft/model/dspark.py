@@ -15,7 +15,7 @@ from torch import nn
 from .config import ModelConfig
 from .eagle3 import rope_tables
 from .kv_cache import CacheWindow, KVCache
-from .llama import MLP, RMSNorm, apply_rope, rope_inv_freq
+from .llama import DecoderLayer, RMSNorm, apply_rope, rope_inv_freq
 
 
 class DSparkAttention(nn.Module):
@@ -53,19 +53,6 @@ class DSparkAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
-class DSparkLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.self_attn = DSparkAttention(cfg, layer_idx)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, cache, win):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, win)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
 class MarkovHead(nn.Module):
     """logit bias of the next slot from the previous token: markov_w2(markov_w1[previous target id])."""
 
@@ -90,7 +77,7 @@ class DSparkDraft(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
         self.fc = nn.Linear(num_aux * target_hidden_size, h, bias=False)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DSparkLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, attention=DSparkAttention) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, head_rows, bias=False)
         self.markov_head = MarkovHead(target_vocab_rows, head_rows, markov_rank) if markov_rank > 0 else None

@@ -158,9 +158,10 @@ def _concat_linears(linears: list[nn.Linear]) -> nn.Linear:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, attention: type[nn.Module] | None = None):
+        """attention: the attention module's class (default Attention; DSpark's block attention reuses the rest)."""
         super().__init__()
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn = (attention or Attention)(cfg, layer_idx)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
