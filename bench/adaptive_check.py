@@ -1,8 +1,8 @@
 """Adaptive speculation against its two baselines, in one process, interleaved (issue: throughput under load).
 
 Batch 16: LLM with the draft and default settings (num_speculative_tokens 5, adaptive) vs LLM with the target
-alone, 16 GSM8K test prompts decoded together. Batch 1: the same adaptive LLM vs {"num_speculative_tokens": 3,
-"adaptive": False}, one prompt at a time. Greedy, max 128 tokens, medians of --repeats interleaved rounds after a
+alone, 16 GSM8K test prompts decoded together. Batch 1: the same settings vs {"num_speculative_tokens": 3,
+"adaptive": False} (and the target alone, for context), one prompt at a time; each setting has its own LLM. Greedy, max 128 tokens, medians of --repeats interleaved rounds after a
 warm-up; outputs are checked equal across the contenders (greedy is lossless).
 
     python bench/adaptive_check.py --out bench/results/<date>-adaptive/check.json
@@ -49,22 +49,24 @@ def main() -> None:
     prompts = [gsm8k.build_prompt(q["question"], [], None, False) for q in questions]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     batch = len(prompts)
-    contenders = {
-        "adaptive k<=5": LLM(args.target, {"model": args.draft}, max_num_seqs=batch),
-        "target alone": LLM(args.target, None, max_num_seqs=batch),
-        "fixed k=3": LLM(args.target, {"model": args.draft, "num_speculative_tokens": 3, "adaptive": False},
-                         max_num_seqs=1),
-    }
+    # One LLM per (setting, contender): adaptive learns its costs at the batch size it serves, and each k
+    # histogram counts only its own setting's steps.
+    def make(name: str, b: int) -> LLM:
+        speculative = {"target alone": None, "adaptive k<=5": {"model": args.draft},
+                       "fixed k=3": {"model": args.draft, "num_speculative_tokens": 3, "adaptive": False}}[name]
+        return LLM(args.target, speculative, max_num_seqs=b)
+
     plan = [("batch16", "adaptive k<=5", batch), ("batch16", "target alone", batch),
-            ("batch1", "adaptive k<=5", 1), ("batch1", "fixed k=3", 1)]
-    for _, name, b in plan:   # warm-up
-        timed(contenders[name], prompts[:b], params, b)
+            ("batch1", "adaptive k<=5", 1), ("batch1", "fixed k=3", 1), ("batch1", "target alone", 1)]
+    contenders = {(setting, name): make(name, b) for setting, name, b in plan}
+    for setting, name, b in plan:   # warm-up
+        timed(contenders[(setting, name)], prompts[:b], params, b)
     rates: dict[tuple[str, str], list[float]] = {(s, n): [] for s, n, _ in plan}
     outputs = {}
     for repeat in range(args.repeats):
         order = plan[repeat % len(plan):] + plan[:repeat % len(plan)]   # rotate, so drift hits all alike
         for setting, name, b in order:
-            rate, outs = timed(contenders[name], prompts, params, b)
+            rate, outs = timed(contenders[(setting, name)], prompts, params, b)
             rates[(setting, name)].append(rate)
             outputs[(setting, name)] = outs
     reference = outputs[("batch16", "target alone")]
@@ -75,14 +77,16 @@ def main() -> None:
         result["runs"][f"{setting} {name}"] = {
             "tokens_per_second_median": statistics.median(values), "tokens_per_second_all": values,
             "exact_vs_target_alone": sum(a == b for a, b in zip(outputs[(setting, name)], reference)),
-            "k_histogram": {str(k): v for k, v in sorted(contenders[name].stats.k_histogram.items())},
-            "acceptance_length": contenders[name].stats.acceptance_length}
+            "k_histogram": {str(k): v for k, v in sorted(contenders[(setting, name)].stats.k_histogram.items())},
+            "acceptance_length": contenders[(setting, name)].stats.acceptance_length}
     runs = result["runs"]
     result["ratios"] = {
         "batch16 adaptive / target alone": runs["batch16 adaptive k<=5"]["tokens_per_second_median"]
         / runs["batch16 target alone"]["tokens_per_second_median"],
         "batch1 adaptive / fixed k=3": runs["batch1 adaptive k<=5"]["tokens_per_second_median"]
-        / runs["batch1 fixed k=3"]["tokens_per_second_median"]}
+        / runs["batch1 fixed k=3"]["tokens_per_second_median"],
+        "batch1 adaptive / target alone": runs["batch1 adaptive k<=5"]["tokens_per_second_median"]
+        / runs["batch1 target alone"]["tokens_per_second_median"]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({"ratios": result["ratios"], **{k: round(v["tokens_per_second_median"], 1)

@@ -3,9 +3,10 @@ expected tokens per second from running acceptance estimates and a cost model of
 
 Expected tokens of a step that drafts k tokens per row: E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, where a_i is
 the running rate at which position i is accepted given that positions 1..i-1 were (an acceptance at i needs
-all earlier ones). The step's seconds: T_verify(B, k) + k * T_draft(B) + T_host, where the target forward
-over B rows of k+1 tokens and one draft forward over B rows are linear in the number of tokens they read
-(c0 + c1 * tokens), fitted from forwards timed at load and refreshed from every step's measured times.
+all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + k * T_draft(B rows) + T_host, each forward's
+cost a running floor of its measured times at each size, interpolated between sizes (target forwards timed at
+load, then every step refines them). A step that stops drafting still probes now and then, so a cost or rate
+measured wrongly once is measured again.
 The choice is per step for the whole batch: every row verifies the same k, so the output stays lossless
 whatever k is (greedy: identical to the target alone; sampling: the same distribution).
 """
@@ -17,53 +18,47 @@ from dataclasses import dataclass, field
 PRIOR_ACCEPTANCE = 0.7
 PRIOR_WEIGHT = 4.0      # pseudo-observations the prior is worth: a few early rejections must not stop drafting
 DECAY = 0.98            # per observed step: old evidence fades, so the estimate follows the text being written
-
-
-@dataclass
-class LinearCost:
-    """Seconds of a forward as c0 + c1 * tokens (tokens = rows x new tokens per row), kept as running sums of
-    (tokens, seconds) so every timed forward refines the fit (a least-squares line, decayed)."""
-    decay: float = 0.95
-    _n: float = 0.0
-    _sx: float = 0.0
-    _sy: float = 0.0
-    _sxx: float = 0.0
-    _sxy: float = 0.0
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        d = self.decay
-        self._n, self._sx, self._sy = d * self._n + 1, d * self._sx + tokens, d * self._sy + seconds
-        self._sxx, self._sxy = d * self._sxx + tokens * tokens, d * self._sxy + tokens * seconds
-
-    def seconds(self, tokens: int) -> float:
-        if self._n == 0:
-            return 0.0
-        mean_x, mean_y = self._sx / self._n, self._sy / self._n
-        var_x = self._sxx / self._n - mean_x * mean_x
-        slope = max((self._sxy / self._n - mean_x * mean_y) / var_x, 0.0) if var_x > 1e-12 else 0.0
-        intercept = max(mean_y - slope * mean_x, 0.0)
-        return intercept + slope * tokens
+# Steps in a row without drafting before a probe step drafts anyway: a draft cost or acceptance measured badly
+# once (a noisy step) would otherwise never be measured again. The interval doubles after every probe that
+# changes nothing (probing costs at most about 1/interval of throughput), back to the start once drafting wins.
+PROBE_AFTER = 16
+PROBE_AFTER_MAX = 512
 
 
 @dataclass
 class FloorCost:
-    """Seconds of one draft forward by rows, as a running floor: a step's draft time also holds one-off work
-    (the draft reading a new prompt, or catching up on text written by steps that did not draft), which must
-    not make drafting look dear for good. A new measurement lowers the floor at once; the floor rises by
-    `drift` per measurement, so it follows a draft that really got slower (longer contexts)."""
+    """Seconds of a forward as a function of its size x (tokens it reads, or rows), as running floors at each
+    measured x, interpolated linearly between them and extrapolated along the last segment. Floors, not means:
+    a timed forward also holds one-off work (the draft reading a new prompt, catching up on text written by
+    steps that did not draft, a page fault, another process on the core), which must not make a forward look
+    dear for good. A new measurement lowers the floor at once; the floor rises by `drift` per measurement, so
+    it follows a forward that really got slower (longer contexts). Each x keeps its own floor: evidence at one
+    size never fades the other sizes' (a line fitted to decayed sums did, and bent toward whatever size the
+    last hundred steps used)."""
     drift: float = 0.02
     floors: dict[int, float] = field(default_factory=dict)
 
-    def observe(self, rows: int, seconds: float) -> None:
-        floor = self.floors.get(rows)
-        self.floors[rows] = seconds if floor is None else min(seconds, floor * (1 + self.drift))
+    def observe(self, x: int, seconds: float) -> None:
+        floor = self.floors.get(x)
+        self.floors[x] = seconds if floor is None else min(seconds, floor * (1 + self.drift))
 
-    def seconds(self, rows: int) -> float:
-        """At the nearest measured row count, scaled by rows where only smaller counts were measured."""
+    def seconds(self, x: int) -> float:
         if not self.floors:
             return 0.0
-        nearest = min(self.floors, key=lambda r: (abs(r - rows), r))
-        return self.floors[nearest] * (rows / nearest if rows > nearest else 1.0)
+        if x in self.floors:
+            return self.floors[x]
+        below = [m for m in self.floors if m < x]
+        above = [m for m in self.floors if m > x]
+        if not below:           # smaller than anything measured: no cheaper than the smallest measured
+            return self.floors[min(above)]
+        if above:
+            lo, hi = max(below), min(above)
+        elif len(below) > 1:    # beyond the largest: along the last segment
+            lo, hi = sorted(below)[-2:]
+        else:                   # one size measured: proportional
+            return self.floors[below[0]] * x / below[0]
+        slope = max((self.floors[hi] - self.floors[lo]) / (hi - lo), 0.0)
+        return self.floors[lo] + slope * (x - lo)
 
 
 @dataclass
@@ -105,10 +100,12 @@ class AdaptiveSpeculation:
     """Picks k in 0..max_k for each step; learns from what each step accepted and how long its parts took."""
     max_k: int
     acceptance: AcceptanceEstimate = None
-    target_cost: LinearCost = field(default_factory=LinearCost)   # target forward + head, by tokens read
+    target_cost: FloorCost = field(default_factory=FloorCost)     # target forward + head, by tokens read
     draft_cost: FloorCost = field(default_factory=FloorCost)      # one draft forward + head, by rows
     host_seconds: float = 0.0                                      # per step, outside the model forwards
     history: dict[int, int] = field(default_factory=dict)         # k -> steps that used it
+    _steps_without_drafting: int = 0
+    _probe_after: int = PROBE_AFTER
 
     def __post_init__(self):
         if self.acceptance is None:
@@ -122,13 +119,21 @@ class AdaptiveSpeculation:
 
     def choose(self, rows: int) -> int:
         if not self.draft_cost.floors:   # the draft's cost is unknown until a step drafts: measure it first
-            best = self.max_k
-            self.history[best] = self.history.get(best, 0) + 1
-            return best
+            return self._chose(self.max_k)
         rates = [self.expected_rate(rows, k) for k in range(self.max_k + 1)]
         best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
-        self.history[best] = self.history.get(best, 0) + 1
-        return best
+        if best:
+            self._steps_without_drafting, self._probe_after = 0, PROBE_AFTER
+            return self._chose(best)
+        self._steps_without_drafting += 1
+        if self._steps_without_drafting < self._probe_after:
+            return self._chose(0)
+        self._steps_without_drafting, self._probe_after = 0, min(2 * self._probe_after, PROBE_AFTER_MAX)
+        return self._chose(max(range(1, self.max_k + 1), key=lambda k: (rates[k], k)))   # the probe
+
+    def _chose(self, k: int) -> int:
+        self.history[k] = self.history.get(k, 0) + 1
+        return k
 
     def observe_step(self, rows: int, k: int, num_accepted: list[int], draft_seconds: float | None,
                      target_seconds: float, host_seconds: float) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import AcceptanceEstimate, AdaptiveSpeculation, FloorCost, LinearCost
+from anydraft.spec_decode.adaptive import PROBE_AFTER, AcceptanceEstimate, AdaptiveSpeculation, FloorCost
 
 
 def test_first_step_drafts_the_most_to_measure_the_draft():
@@ -14,12 +14,26 @@ def test_first_step_drafts_the_most_to_measure_the_draft():
     assert spec.choose(rows=8) == 0   # measured: a dear draft that nothing accepts
 
 
-def test_linear_cost_recovers_a_line():
-    cost = LinearCost()
-    for tokens in (1, 4, 16, 64, 1, 4, 16, 64):
+def test_cost_interpolates_between_measured_sizes_and_extrapolates_the_last_segment():
+    cost = FloorCost()
+    assert cost.seconds(10) == 0.0   # nothing measured yet
+    for tokens in (1, 4, 16, 64):
         cost.observe(tokens, 0.002 + 0.0005 * tokens)
-    assert cost.seconds(32) == pytest.approx(0.002 + 0.0005 * 32, rel=1e-6)
-    assert LinearCost().seconds(10) == 0.0   # nothing measured yet
+    for tokens in (1, 2, 4, 10, 16, 40, 64, 96, 200):   # measured, between, and beyond the largest
+        assert cost.seconds(tokens) == pytest.approx(0.002 + 0.0005 * tokens, rel=1e-9), tokens
+    cost.observe(64, 0.5)                # a noisy step: the floor rises by the drift (2%) at most
+    assert cost.seconds(64) == pytest.approx((0.002 + 0.0005 * 64) * 1.02)
+    assert cost.seconds(16) == pytest.approx(0.002 + 0.0005 * 16)
+
+
+def test_sizes_keep_their_own_evidence():
+    """Hundreds of steps at one size do not bend the cost of another (the calibration's k+1 tokens stay)."""
+    cost = FloorCost()
+    cost.observe(1, 0.010)
+    cost.observe(6, 0.012)
+    for _ in range(500):
+        cost.observe(1, 0.010)
+    assert cost.seconds(6) == pytest.approx(0.012) and cost.seconds(4) == pytest.approx(0.0112)
 
 
 def test_draft_floor_ignores_one_off_work_and_follows_a_real_slowdown():
@@ -93,3 +107,26 @@ def test_observe_step_refreshes_costs():
     assert spec.draft_cost.seconds(2) == pytest.approx(0.002)
     assert spec.target_cost.seconds(8) == pytest.approx(0.04)
     assert spec.acceptance.tried[:3] == [2.0, 2.0, 1.0] and spec.acceptance.accepted[:3] == [2.0, 1.0, 1.0]
+
+
+def test_a_draft_measured_dear_once_is_probed_again():
+    """One noisy draft measurement (28 ms for a 2 ms draft) makes k = 0 best; probes draft anyway now and then,
+    measure the real cost, and speculation resumes. Without probes nothing would measure the draft again."""
+    spec = _calibrated(0.010, 0.0, 0.028, 0.0, accept_all=True)
+    chosen = []
+    for _ in range(4 * PROBE_AFTER):
+        k = spec.choose(rows=1)
+        chosen.append(k)
+        accepted = [k]
+        spec.observe_step(1, k, accepted, draft_seconds=0.002 * k, target_seconds=0.010, host_seconds=0.0)
+    assert chosen[:PROBE_AFTER - 1] == [0] * (PROBE_AFTER - 1)
+    assert chosen[PROBE_AFTER - 1] > 0               # the probe
+    assert all(k == 5 for k in chosen[PROBE_AFTER:])  # measured cheap: drafts from then on
+
+
+def test_probes_back_off_when_drafting_keeps_losing():
+    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)   # compute-bound at 16 rows
+    chosen = [spec.choose(rows=16) for _ in range(PROBE_AFTER * 7)]
+    probes = [i for i, k in enumerate(chosen) if k]
+    gaps = [b - a for a, b in zip([-1] + probes, probes)]
+    assert gaps == [PROBE_AFTER, 2 * PROBE_AFTER, 4 * PROBE_AFTER]   # each probe that changes nothing waits longer
