@@ -45,6 +45,12 @@ class FloorCost:
     def seconds(self, x: int) -> float:
         if not self.floors:
             return 0.0
+        # A forward over x never costs more than x/m forwards over m (the work splits); this bounds a size
+        # measured once, badly, by the sizes below it, which every step re-measures.
+        bound = min((self.floors[m] * x / m for m in self.floors if m < x), default=float("inf"))
+        return min(self._interpolated(x), bound)
+
+    def _interpolated(self, x: int) -> float:
         if x in self.floors:
             return self.floors[x]
         below = [m for m in self.floors if m < x]

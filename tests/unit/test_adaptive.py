@@ -26,6 +26,13 @@ def test_cost_interpolates_between_measured_sizes_and_extrapolates_the_last_segm
     assert cost.seconds(16) == pytest.approx(0.002 + 0.0005 * 16)
 
 
+def test_a_size_measured_badly_once_is_bounded_by_the_smaller_sizes():
+    cost = FloorCost()
+    cost.observe(1, 0.006)
+    cost.observe(6, 0.960)          # the calibration forward of 6 tokens ran while the machine was busy
+    assert cost.seconds(6) == pytest.approx(0.036) and cost.seconds(4) == pytest.approx(0.024)
+
+
 def test_sizes_keep_their_own_evidence():
     """Hundreds of steps at one size do not bend the cost of another (the calibration's k+1 tokens stay)."""
     cost = FloorCost()
