@@ -1,8 +1,11 @@
 """Bench contenders behind one small protocol, and the interleaved rounds that time them side by side.
 
+The unit of work is a group: B consecutive prompts submitted together and decoded as one batch of B rows
+(batch 1: one prompt alone). Rows that finish leave; no other prompt joins (static batches, for every contender).
+
 Why interleave: on a shared (virtual) machine the speed of the same code drifts by 2-4x over minutes. Timing
-each contender in its own block of minutes turns that drift into fake ratios. Here every round runs prompt i
-on every contender before prompt i+1, in an order that rotates per round, so drift hits all of them alike.
+each contender in its own block of minutes turns that drift into fake ratios. Here every round runs group i
+on every contender before group i+1, in an order that rotates per round, so drift hits all of them alike.
 """
 from __future__ import annotations
 
@@ -22,11 +25,11 @@ class ContenderUnavailable(RuntimeError):
 
 
 @dataclass
-class PromptRun:
-    """One prompt decoded by one contender."""
-    output_target_ids: list[int]
-    seconds: float
-    target_forwards: int | None = None          # verification steps (None: the contender cannot tell)
+class GroupRun:
+    """One group of prompts decoded together by one contender."""
+    output_target_ids: list[list[int]]          # per prompt, in the group's order
+    seconds: float                              # the whole group
+    target_forwards: int | None = None          # verification steps of all rows (None: the contender cannot tell)
     num_accepted: int | None = None             # accepted draft tokens over those steps
     accepted_at_position: list[int] | None = None
     stats: SpecStats | None = None              # anydraft's full statistics (time split)
@@ -37,12 +40,13 @@ class Contender(Protocol):
     system: str                     # "anydraft" | "hf" | "vllm": speedups are against the same system's k = 0
     k: int | str                    # 0 = target alone
 
-    def warm_up(self, prompt_index: int) -> None: ...
-    def run(self, prompt_index: int) -> PromptRun: ...
+    def warm_up(self, group: list[int]) -> None: ...
+    def run(self, group: list[int]) -> GroupRun: ...     # group: prompt indices, decoded together
 
 
 class EngineContender:
-    """anydraft's engine on prompt texts; `before_run` lets several contenders share one engine (k sweep)."""
+    """anydraft's engine on prompt texts (a group = its requests queued at once, as many rows as the engine has);
+    `before_run` lets several contenders share one engine (k sweep)."""
 
     def __init__(self, name: str, engine: Engine, prompts: list[str], params: SamplingParams,
                  before_run: Callable[[], None] | None = None, k: int | None = None):
@@ -50,27 +54,31 @@ class EngineContender:
         self.engine, self.prompts, self.params = engine, prompts, params
         self.before_run = before_run
         self.k = engine.k if k is None else k
+        self.adaptive = engine.speculation is not None    # k is then the most a step drafts
 
-    def warm_up(self, prompt_index: int) -> None:
+    def warm_up(self, group: list[int]) -> None:
         params = SamplingParams(temperature=self.params.temperature, max_tokens=min(16, self.params.max_tokens),
                                 seed=self.params.seed)
-        self._decode(prompt_index, params)
+        self._decode(group, params)
 
-    def run(self, prompt_index: int) -> PromptRun:
-        return self._decode(prompt_index, self.params)
+    def run(self, group: list[int]) -> GroupRun:
+        return self._decode(group, self.params)
 
-    def _decode(self, prompt_index: int, params: SamplingParams) -> PromptRun:
+    def _decode(self, group: list[int], params: SamplingParams) -> GroupRun:
         if self.before_run is not None:
             self.before_run()
         engine = self.engine
+        if len(group) > engine.target.cache.max_batch:
+            raise ValueError(f"a group of {len(group)} prompts needs as many cache rows; the engine has "
+                             f"{engine.target.cache.max_batch}")
         engine.stats = SpecStats(engine.k)
-        request = engine.add_request(self.prompts[prompt_index], params)
+        requests = [engine.add_request(self.prompts[i], params) for i in group]
         start = time.perf_counter()
         engine.run()
         seconds = time.perf_counter() - start
         stats = engine.stats
-        return PromptRun(list(request.output_target_ids), seconds, stats.target_forwards, stats.num_accepted,
-                         list(stats.accepted_at_position), stats)
+        return GroupRun([list(r.output_target_ids) for r in requests], seconds, stats.target_forwards,
+                        stats.num_accepted, list(stats.accepted_at_position), stats)
 
 
 def acceptance_length(num_tokens: int, target_forwards: int | None, num_accepted: int | None) -> float | None:
@@ -91,21 +99,28 @@ class _Tally:
     seconds: list[float]
     tokens: list[int]
     outputs: list[list[int]] = field(default_factory=list)   # first round, prompt order
-    steps: list[list[int | None]] = field(default_factory=list)   # first round: [target forwards, accepted]
+    steps: list[list[int | None]] = field(default_factory=list)   # first round, per group: [target forwards, accepted]
     accepted_at_position: list[int] | None = None
     stats: SpecStats | None = None
+
+
+def prompt_groups(num_prompts: int, batch_size: int) -> list[list[int]]:
+    """Consecutive prompt indices in groups of batch_size (the bench asks for a multiple of it)."""
+    return [list(range(start, min(start + batch_size, num_prompts))) for start in range(0, num_prompts, batch_size)]
 
 
 def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
                rounds_of: Callable[[Contender], int] = lambda c: -1,
                log: Callable[[str], None] = lambda m: None,
-               dropped: dict[str, str] | None = None) -> dict[str, dict]:
-    """Warm every contender up once, then `repeats` rounds of: for each prompt, every contender in a rotating
-    order. rounds_of(c) >= 0 caps a contender's rounds (a slow peer). Returns one result dict per name; a
-    contender that raises ContenderUnavailable is left out of it, with the reason in `dropped`."""
+               dropped: dict[str, str] | None = None, batch_size: int = 1) -> dict[str, dict]:
+    """Warm every contender up once (on the first group), then `repeats` rounds of: for each group of
+    batch_size prompts, every contender in a rotating order. rounds_of(c) >= 0 caps a contender's rounds (a slow
+    peer). Returns one result dict per name; a contender that raises ContenderUnavailable is left out of it,
+    with the reason in `dropped`."""
     dropped = {} if dropped is None else dropped
+    groups = prompt_groups(num_prompts, batch_size)
 
-    def attempt(contender: Contender, call: Callable[[], PromptRun | None], where: str) -> PromptRun | None:
+    def attempt(contender: Contender, call: Callable[[], GroupRun | None], where: str) -> GroupRun | None:
         try:
             return call()
         except ContenderUnavailable as e:
@@ -115,17 +130,17 @@ def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
 
     for contender in contenders:
         log(f"warm-up: {contender.name}")
-        attempt(contender, lambda: contender.warm_up(0), "its warm-up")
+        attempt(contender, lambda: contender.warm_up(groups[0]), "its warm-up")
     tallies = {c.name: _Tally([0.0] * repeats, [0] * repeats) for c in contenders}
     for round_index in range(repeats):
         active = [c for c in contenders if c.name not in dropped and (rounds_of(c) < 0 or round_index < rounds_of(c))]
-        for prompt_index in range(num_prompts):
-            shift = (round_index + prompt_index) % len(active)
+        for group_index, group in enumerate(groups):
+            shift = (round_index + group_index) % len(active)
             for contender in active[shift:] + active[:shift]:
                 if contender.name in dropped:
                     continue
-                run = attempt(contender, lambda: contender.run(prompt_index),
-                              f"round {round_index + 1}, prompt {prompt_index}")
+                run = attempt(contender, lambda: contender.run(group),
+                              f"round {round_index + 1}, prompts {group[0]}-{group[-1]}")
                 if run is not None:
                     _add(tallies[contender.name], run, round_index)
         log(f"round {round_index + 1}/{repeats}: " + ", ".join(
@@ -135,12 +150,12 @@ def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
             for c in contenders if c.name not in dropped}
 
 
-def _add(tally: _Tally, run: PromptRun, round_index: int) -> None:
+def _add(tally: _Tally, run: GroupRun, round_index: int) -> None:
     tally.seconds[round_index] += run.seconds
-    tally.tokens[round_index] += len(run.output_target_ids)
+    tally.tokens[round_index] += sum(map(len, run.output_target_ids))
     if round_index > 0:
         return
-    tally.outputs.append(run.output_target_ids)   # greedy: every round decodes the same tokens
+    tally.outputs += run.output_target_ids   # greedy: every round decodes the same tokens
     tally.steps.append([run.target_forwards, run.num_accepted])
     if run.accepted_at_position is not None:
         old = tally.accepted_at_position or [0] * len(run.accepted_at_position)
@@ -168,14 +183,18 @@ def _summary(contender: Contender, tally: _Tally, num_rounds: int) -> dict:
         "acceptance_length": 1.0 if contender.k == 0 else acceptance_length(tally.tokens[0], forwards, accepted),
         "acceptance_by_position": by_position,
         "target_forwards": forwards,
-        "per_prompt_steps": tally.steps if forwards else None,
+        "per_group_steps": tally.steps if forwards else None,
         "output_target_ids": tally.outputs,
     }
+    if getattr(contender, "adaptive", False):
+        result["adaptive"] = True
     if tally.stats is not None:
-        result["time_split_seconds_first_repeat"] = tally.stats.to_dict()["time_split_seconds"]
+        stats = tally.stats.to_dict()
+        result["time_split_seconds_first_repeat"] = stats["time_split_seconds"]
+        result["k_histogram_first_repeat"] = stats["k_histogram"]   # drafted tokens per row step -> row steps
     return result
 
 
 def _total(counts: list[int | None]) -> int | None:
-    """Sum of per-prompt counts; None when any prompt could not report one."""
+    """Sum of per-group counts; None when any group could not report one."""
     return None if any(c is None for c in counts) else sum(counts)

@@ -104,15 +104,17 @@ class HFContender:
         else:
             self.name = f"HF assisted ({self.hf_path}{'' if pin_k else ', HF default drafting'})"
 
-    def _generate(self, prompt_index: int, kwargs: dict):
-        from .contenders import PromptRun
+    def _generate(self, group: list[int], kwargs: dict):
+        from .contenders import GroupRun
+        if len(group) != 1:   # transformers: "assisted generate is only supported for batch_size = 1"
+            raise ValueError("HF assisted generation runs one prompt at a time (batch size 1)")
         if self.use_draft:
             self.peer.configure_draft(self.num_tokens, self.pin_k)
-        new_ids, forwards, seconds = self.peer.generate(self.prompt_target_ids[prompt_index], kwargs)
-        return PromptRun(new_ids, seconds, target_forwards=forwards)
+        new_ids, forwards, seconds = self.peer.generate(self.prompt_target_ids[group[0]], kwargs)
+        return GroupRun([new_ids], seconds, target_forwards=forwards)
 
-    def warm_up(self, prompt_index: int) -> None:
-        self._generate(prompt_index, {**self.kwargs, "max_new_tokens": min(16, self.kwargs["max_new_tokens"])})
+    def warm_up(self, group: list[int]) -> None:
+        self._generate(group, {**self.kwargs, "max_new_tokens": min(16, self.kwargs["max_new_tokens"])})
 
-    def run(self, prompt_index: int):
-        return self._generate(prompt_index, self.kwargs)
+    def run(self, group: list[int]):
+        return self._generate(group, self.kwargs)

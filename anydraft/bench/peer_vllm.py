@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .contenders import ContenderUnavailable, PromptRun
+from .contenders import ContenderUnavailable, GroupRun
 
 RUNNER_SCRIPT = Path(__file__).with_name("vllm_worker.py")   # run by the vLLM interpreter, not imported
 
@@ -37,12 +37,13 @@ def find_vllm_python(explicit: str | None) -> tuple[str | None, str | None]:
 
 
 class VLLMContender:
-    """vLLM target alone (draft None) or vLLM TLI, one prompt per request to a live worker process."""
+    """vLLM target alone (draft None) or vLLM TLI: each group of prompts is one llm.generate call of a live
+    worker process whose engine runs up to batch_size sequences at once (max_num_seqs)."""
 
     def __init__(self, name: str, python: str, target: str, draft: str | None, k: int,
                  prompt_target_ids: list[list[int]], max_tokens: int, temperature: float = 0.0,
                  dtype: str = "bfloat16", threads: int = 1, max_model_len: int = 1024, enforce_eager: bool = False,
-                 startup_timeout: float = 900, request_timeout: float = 600):
+                 batch_size: int = 1, startup_timeout: float = 900, request_timeout: float = 600):
         # Each mode is its own system: its TLI speedup is against its own target alone.
         self.name, self.system = name, "vllm-eager" if enforce_eager else "vllm"
         self.k = k if draft else 0
@@ -54,7 +55,7 @@ class VLLMContender:
                                      stderr=self.log, text=True, bufsize=1, start_new_session=True)
         job = {"target": str(target), "draft": None if draft is None else str(draft), "k": k,
                "max_tokens": max_tokens, "temperature": temperature, "dtype": dtype, "threads": threads,
-               "max_model_len": max_model_len, "enforce_eager": enforce_eager}
+               "max_model_len": max_model_len, "enforce_eager": enforce_eager, "max_num_seqs": batch_size}
         self._send(job)
         ready = self._receive("READY", startup_timeout)
         self.startup_seconds, self.vllm_version = ready["startup_seconds"], ready["vllm_version"]
@@ -95,21 +96,21 @@ class VLLMContender:
         lines = [ln for ln in Path(self.log.name).read_text(errors="replace").splitlines() if ln.strip()]
         return "log: " + " | ".join(lines[-3:])[-600:] + f" (full log {self.log.name})"
 
-    def _request(self, prompt_index: int, max_tokens: int) -> PromptRun:
+    def _request(self, group: list[int], max_tokens: int) -> GroupRun:
         self._signal(signal.SIGCONT)
-        self._send({"prompt_target_ids": self.prompt_target_ids[prompt_index], "max_tokens": max_tokens})
+        self._send({"prompt_target_ids": [self.prompt_target_ids[i] for i in group], "max_tokens": max_tokens})
         reply = self._receive("RESULT", self.request_timeout)
         self._signal(signal.SIGSTOP)
         if not self.k:
-            return PromptRun(reply["output_target_ids"], reply["seconds"], target_forwards=None)
-        return PromptRun(reply["output_target_ids"], reply["seconds"], target_forwards=reply["drafts"],
-                         num_accepted=reply["accepted"], accepted_at_position=reply["per_position"][:self.k])
+            return GroupRun(reply["output_target_ids"], reply["seconds"], target_forwards=None)
+        return GroupRun(reply["output_target_ids"], reply["seconds"], target_forwards=reply["drafts"],
+                        num_accepted=reply["accepted"], accepted_at_position=reply["per_position"][:self.k])
 
-    def warm_up(self, prompt_index: int) -> None:
-        self._request(prompt_index, min(16, self.max_tokens))
+    def warm_up(self, group: list[int]) -> None:
+        self._request(group, min(16, self.max_tokens))
 
-    def run(self, prompt_index: int) -> PromptRun:
-        return self._request(prompt_index, self.max_tokens)
+    def run(self, group: list[int]) -> GroupRun:
+        return self._request(group, self.max_tokens)
 
     def close(self) -> None:
         self._signal(signal.SIGCONT)

