@@ -74,6 +74,23 @@ def test_inflated_target_is_labelled_emulated_and_decodes_the_same(ckpts):
     assert result["kernels"]["target"]["body"]
 
 
+def test_batch_of_two_runs_adaptive_beside_fixed_k_and_skips_batch_1_only_rows_with_reasons(ckpts):
+    """At batch 2 every anydraft row decodes groups of two prompts (exact per prompt in float32); HF assisted
+    generation (batch 1 only) and the roofline are skipped with their reasons, not silently."""
+    result = run_bench(_config(ckpts, same_vocab_draft=None, num_prompts=4, batch_size=2, adaptive_k=3,
+                               peers=("hf",), sweep_ks=[1]))
+    names = [r["name"] for r in result["runs"]]
+    assert names == ["anydraft target alone", "anydraft TLI", "anydraft TLI adaptive (default)"]
+    for run in result["runs"]:
+        assert run["exact_matches_vs_target_alone"] == 4 and len(run["per_group_steps"]) == 2
+    assert result["runs"][2]["adaptive"] and result["runs"][2]["k"] == 3
+    assert "one prompt at a time" in result["skipped"]["hf"] and "batch-1" in result["skipped"]["roofline"]
+    assert result["config"]["pair"]["target"] == "local" and result["costs"]["rows"] == 2
+    table = markdown_table(result)
+    assert "**Batch size 2**" in table and "hf skipped:" in table and "roofline skipped:" in table
+    assert "Adaptive (k <= 3" in table
+
+
 def test_rounds_interleave_contenders_and_rotate_their_order():
     """Every round runs prompt i on every contender before prompt i+1; the order rotates; capped contenders
     (slow peers) stop after their rounds; tok/s per round = tokens / seconds of that round."""
