@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic_file import write_bytes_atomically
 from .config import ModelConfig
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp")]
@@ -128,8 +129,21 @@ def _compile():
         # we hold it no other anydraft process is building here, so a torch lock file found now is stale.
         fcntl.flock(guard, fcntl.LOCK_EX)
         (build_dir / "lock").unlink(missing_ok=True)
-        return load(name="anydraft_native", sources=[str(path) for path in SOURCES], build_directory=str(build_dir),
+        sources = _sources_in(build_dir)
+        return load(name="anydraft_native", sources=[str(path) for path in sources], build_directory=str(build_dir),
                     extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def _sources_in(build_dir: Path) -> list[Path]:
+    """The sources compiled from copies inside the build folder (whose name is their content's hash): the build
+    file names source paths, so two checkouts with the same sources would otherwise each rebuild over the
+    other's binary. A copy is written only when missing, keeping its time stamp for ninja."""
+    folder = build_dir / "src"
+    folder.mkdir(exist_ok=True)
+    for path in SOURCES[0].parent.iterdir():
+        if path.suffix in (".cpp", ".h") and not (folder / path.name).exists():
+            write_bytes_atomically(folder / path.name, path.read_bytes())
+    return [folder / path.name for path in SOURCES]
 
 
 def why_not_native(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> str | None:

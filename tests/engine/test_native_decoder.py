@@ -14,7 +14,7 @@ from anydraft.config import SamplingParams
 from anydraft.model.config import ModelConfig
 from anydraft.model.loader import load_model, resolve_model_path
 from anydraft.model import native_extension
-from anydraft.model.native_extension import _build_dir, why_not_hardware, why_not_native
+from anydraft.model.native_extension import SOURCES, _build_dir, _sources_in, why_not_hardware, why_not_native
 from anydraft.model.runner import ModelRunner
 
 from tiny_models import TOKENIZERS, gsm8k_questions, make_checkpoint
@@ -75,6 +75,19 @@ def test_build_dir_is_keyed_on_the_cpu_feature_flags(monkeypatch):
     assert _build_dir() == full
     fields["flags"] = "fpu sse2 avx2"
     assert _build_dir() != full and _build_dir().parent == full.parent
+
+
+def test_the_build_compiles_copies_inside_its_keyed_folder_so_checkouts_share_it(tmp_path):
+    """The build file names source paths: compiled from the checkout, two checkouts with the same sources (same
+    key) rebuilt over each other's binary. Copies inside the keyed folder are one path for all; an existing copy
+    is left alone (its time stamp tells ninja nothing changed)."""
+    sources = _sources_in(tmp_path)
+    assert [p.parent for p in sources] == [tmp_path / "src"] * len(SOURCES)
+    assert [p.read_bytes() for p in sources] == [p.read_bytes() for p in SOURCES]
+    headers = {p.name for p in SOURCES[0].parent.iterdir() if p.suffix == ".h"}
+    assert headers <= {p.name for p in (tmp_path / "src").iterdir()}   # relative includes resolve
+    stamps = [p.stat().st_mtime_ns for p in sources]
+    assert _sources_in(tmp_path) == sources and [p.stat().st_mtime_ns for p in sources] == stamps
 
 
 def _run_python(code: str, **env) -> subprocess.CompletedProcess:
