@@ -82,6 +82,8 @@ class SpeculativeConfig:
     # tokens draft_vocab_corpus uses most. None = the whole head (TLI: the whole intersection).
     draft_vocab_size: int | None = None
     draft_vocab_corpus: str | None = None
+    # In-domain text vocab_mode="auto" measures TLI's coverage on (vocab/mode_choice.py); None = draft_vocab_corpus.
+    vocab_mode_corpus: str | None = None
 
     def __post_init__(self):
         if not self.model:
@@ -91,6 +93,9 @@ class SpeculativeConfig:
                              f"to decode with the target alone, leave speculative_config out")
         if self.vocab_mode not in VOCAB_MODES:
             raise ValueError(f"vocab_mode {self.vocab_mode!r} is unknown; use one of {', '.join(VOCAB_MODES)}")
+        if self.vocab_mode_corpus and self.vocab_mode != "auto":
+            raise ValueError(f"vocab_mode_corpus is read only by vocab_mode 'auto' (to choose a mode); with "
+                             f"vocab_mode {self.vocab_mode!r} drop it")
         if self.dtype is not None:
             parse_dtype(self.dtype)
         if not isinstance(self.adaptive, bool):

@@ -21,7 +21,10 @@ def add_model_args(p: argparse.ArgumentParser, max_model_len: int = 2048) -> Non
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="draft exactly k tokens every step instead of choosing k per step for speed")
     p.add_argument("--vocab-mode", default="auto", choices=VOCAB_MODES,
-                   help="how the vocabularies are matched (auto picks d2t, identity or tli)")
+                   help="how the vocabularies are matched (auto picks d2t, identity, tli or slem and says why)")
+    p.add_argument("--vocab-mode-corpus", default=None, metavar="FILE",
+                   help="in-domain text (.jsonl or plain) on which --vocab-mode auto measures how much the "
+                        "vocabularies' intersection covers (default: --draft-vocab-corpus; none: auto keeps tli)")
     add_draft_head_args(p)
     p.add_argument("--dtype", default="bfloat16", help=f"one of {', '.join(DTYPES)}")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
@@ -55,4 +58,4 @@ def speculative_config(args: argparse.Namespace) -> dict | None:
     if draft is None:
         return None
     return {"model": draft, "num_speculative_tokens": args.num_speculative_tokens, "vocab_mode": args.vocab_mode,
-            "adaptive": args.adaptive, **draft_head_options(args)}
+            "vocab_mode_corpus": args.vocab_mode_corpus, "adaptive": args.adaptive, **draft_head_options(args)}

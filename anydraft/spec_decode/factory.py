@@ -1,21 +1,26 @@
 """Building a proposer from a SpeculativeConfig: load the draft, decide the vocab mode, wire the bridge."""
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 import torch
 
-from ..config import SpeculativeConfig, parse_dtype, resolve_device
+from ..config import VOCAB_MODES, SpeculativeConfig, parse_dtype, resolve_device
 from ..model.loader import resolve_model_path
 from ..model.runner import ModelRunner
 from ..model.speculators_config import is_speculators_checkpoint
 from ..tokenizer import Tokenizer, same_vocabulary
 from ..vocab.cache import default_cache_dir, load_or_build_bridge
 from ..vocab.d2t import validate_d2t
+from ..vocab.bridge import VocabBridge
 from ..vocab.frequency import load_or_count, most_frequent, specials_among
+from ..vocab.mode_choice import TliCoverage, choose_vocab_mode, tli_coverage
 from ..vocab.resync import DraftResync
 from .draft_proposer import DraftModelProposer
 from .draft_vocab import DraftVocab, ResyncContextSync, SharedVocabSync
+
+logger = logging.getLogger("anydraft")
 
 
 class TargetSide(Protocol):
@@ -49,6 +54,33 @@ def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candi
     return candidate_rows[ranked.keep]
 
 
+def corpus_coverage(bridge: VocabBridge, target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer,
+                    corpus: str) -> TliCoverage:
+    """TLI coverage of a corpus file (token counts cached by the file's contents)."""
+    cache_dir = default_cache_dir()
+    return tli_coverage(bridge, load_or_count(target_tokenizer, corpus, bridge.target_vocab_rows, cache_dir),
+                        load_or_count(draft_tokenizer, corpus, bridge.draft_vocab_rows, cache_dir), str(corpus))
+
+
+def _resolve_mode(spec: SpeculativeConfig, bridge: VocabBridge, target_tokenizer: Tokenizer,
+                  draft_tokenizer: Tokenizer, shared_vocabulary: bool, has_d2t: bool) -> tuple[str, str, dict]:
+    """(mode, reason, coverage dict or {}) for the asked vocab_mode; auto asks choose_vocab_mode (one rule)."""
+    if spec.vocab_mode != "auto":
+        if spec.vocab_mode == "tli" and shared_vocabulary:   # TLI over identical vocabularies is the identity map
+            return "identity", "vocab_mode 'tli' asked, but the vocabularies are the same: identity (no tables)", {}
+        return spec.vocab_mode, f"vocab_mode {spec.vocab_mode!r} asked", {}
+    corpus = spec.vocab_mode_corpus or spec.draft_vocab_corpus
+    coverage = None
+    if not (has_d2t or shared_vocabulary) and corpus:
+        coverage = corpus_coverage(bridge, target_tokenizer, draft_tokenizer, corpus)
+    mode, reason = choose_vocab_mode(shared_vocabulary, has_d2t, coverage)
+    logger.info("vocab_mode auto chose %s: %s", mode, reason)
+    if mode not in VOCAB_MODES:
+        raise ValueError(f"vocab_mode 'auto' chose {mode!r} for this pair ({reason}), but this build has no "
+                         f"{mode!r} mode; pass vocab_mode 'tli' to use the intersection anyway")
+    return mode, f"auto: {reason}", ({} if coverage is None else coverage.to_dict())
+
+
 def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer: Tokenizer,
                    max_batch: int, max_model_len: int) -> tuple[DraftModelProposer, dict]:
     """Returns (proposer, info) where info reports the vocab mode, intersection stats and head savings."""
@@ -67,13 +99,11 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
     has_d2t = "d2t" in runner.extras
     bridge = load_or_build_bridge(target_tokenizer, draft_tokenizer, target.vocab_rows, runner.vocab_rows)
     shared_vocabulary = bridge.is_identity or same_vocabulary(target_tokenizer, draft_tokenizer)
-    mode = spec.vocab_mode
-    if mode == "auto":
-        mode = "d2t" if has_d2t else ("identity" if shared_vocabulary else "tli")
-    elif mode == "tli" and shared_vocabulary:
-        mode = "identity"  # TLI over identical vocabularies is the identity map: skip the tables
+    mode, reason, coverage = _resolve_mode(spec, bridge, target_tokenizer, draft_tokenizer, shared_vocabulary, has_d2t)
     flops_before = runner.cost_flops_per_token()
-    info = {"vocab_mode": mode, "draft_path": str(path)}
+    info = {"vocab_mode": mode, "vocab_mode_reason": reason, "draft_path": str(path)}
+    if coverage:
+        info["tli_coverage"] = coverage
     if mode == "identity":
         if not shared_vocabulary:
             raise ValueError("vocab_mode 'identity' needs the same tokenizer for draft and target, but they differ "

@@ -19,6 +19,7 @@ from ...config import SpeculativeConfig
 
 ENV_OF_FIELD = {"model": "ANYDRAFT_DRAFT_MODEL", "vocab_mode": "ANYDRAFT_VOCAB_MODE",
                 "draft_vocab_size": "ANYDRAFT_DRAFT_VOCAB_SIZE", "draft_vocab_corpus": "ANYDRAFT_DRAFT_VOCAB_CORPUS",
+                "vocab_mode_corpus": "ANYDRAFT_VOCAB_MODE_CORPUS",
                 "resync_window": "ANYDRAFT_RESYNC_WINDOW", "dtype": "ANYDRAFT_DRAFT_DTYPE"}
 INT_FIELDS = ("draft_vocab_size", "resync_window")
 
