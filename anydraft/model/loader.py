@@ -68,6 +68,17 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
+def has_d2t_table(path: Path) -> bool:
+    """Whether a checkpoint ships d2t/t2d tables (d2t.safetensors or keys of its weights), without loading it."""
+    if (path / "d2t.safetensors").exists():
+        return True
+    for file in _weight_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            if any(key in D2T_KEYS for key in f.keys()):
+                return True
+    return False
+
+
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     state = {}
     for file in _weight_files(path):
