@@ -9,8 +9,9 @@ N prompts), and the cost model's predicted speedup AL(k)·T_target / (T_verify(k
 AL is measured at every k rather than derived from one run at the largest k: greedy acceptance at position i
 does not depend on k, but which contexts steps start from does (a step that accepts n tokens moves the next
 step's start by n + 1), and so does the draft's re-synced tokenization of the text; so AL(3) read off a k = 5
-run's per-position counts is an estimate over other step starts. All timings (one interleaved measurement of
-the target and every draft) are at batch 1 on this machine; AL is batch-independent (greedy).
+run's per-position counts is an estimate over other step starts. All timings (interleaved measurements of
+the target and every draft, the least median of a few rounds) are at batch 1 on this machine; AL does not
+depend on the batch (greedy).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class AdviseConfig:
     device: str | None = None
     batch_size: int = 8
     max_model_len: int = 1024
+    cost_rounds: int = 3           # timing rounds; each cost is its least median over them
 
     def __post_init__(self):
         if not self.drafts:
@@ -59,8 +61,8 @@ class AdviseConfig:
             raise ValueError("no prompts to measure acceptance on")
         if not self.ks or min(self.ks) < 1:
             raise ValueError(f"k values must be >= 1, got {list(self.ks)}")
-        if self.max_tokens < 1 or self.batch_size < 1:
-            raise ValueError("max_tokens and batch_size must be >= 1")
+        if self.max_tokens < 1 or self.batch_size < 1 or self.cost_rounds < 1:
+            raise ValueError("max_tokens, batch_size and cost_rounds must be >= 1")
 
 
 def gsm8k_prompts(data_dir: Path, num_prompts: int) -> list[str]:
@@ -93,7 +95,8 @@ def _vocabulary(name: str, path: Path, target_tokenizer: Tokenizer, target_rows:
     mode, reason = choose_vocab_mode(shared, has_d2t, coverage)
     if mode == "slem":   # the draft writes in its own vocabulary: its head is ranked by its own tokenization
         candidates = torch.arange(min(draft_rows, draft_tokenizer.vocab_size))
-        counts, ranking_tokenizer = load_or_count(draft_tokenizer, corpus, draft_rows, default_cache_dir()), draft_tokenizer
+        counts = load_or_count(draft_tokenizer, corpus, draft_rows, default_cache_dir())
+        ranking_tokenizer = draft_tokenizer
     elif shared or has_d2t:
         candidates = torch.arange(min(target_rows, target_tokenizer.vocab_size))
         counts, ranking_tokenizer = target_counts, target_tokenizer
@@ -109,7 +112,8 @@ def _vocabulary(name: str, path: Path, target_tokenizer: Tokenizer, target_rows:
         "tli_coverage": None if coverage is None else {k: round(v, 4) if isinstance(v, float) else v
                                                        for k, v in coverage.to_dict().items()},
         "auto_mode": mode, "auto_reason": reason,
-        "head_rows": len(candidates), "head_rows_for_99pct": None if has_d2t else head["size_for_coverage"][HEAD_COVERAGE],
+        "head_rows": len(candidates),
+        "head_rows_for_99pct": None if has_d2t else head["size_for_coverage"][HEAD_COVERAGE],
     }
 
 
@@ -152,8 +156,12 @@ def advise(cfg: AdviseConfig) -> dict:
         report.update(_measure_acceptance(engine, cfg.prompts, cfg.ks, cfg.max_tokens))
         runners[f"draft{len(runners)}"] = proposer.runner   # keys that cannot clash with measure_costs' own
         reports.append(report)
-    # One interleaved timing of the target and every draft, so their ratios share the machine's state.
-    costs = measure_costs(target, runners, list(cfg.ks))
+    # Interleaved timings of the target and every draft, so their ratios share the machine's state; each quantity's
+    # least median over a few rounds, since on a shared machine other work only ever adds time.
+    rounds = [measure_costs(target, runners, list(cfg.ks)) for _ in range(cfg.cost_rounds)]
+    seconds = [key for key in rounds[0] if key.endswith("_seconds") and key != "verify_seconds"]
+    costs = {**rounds[0], "rounds": cfg.cost_rounds, **{key: min(r[key] for r in rounds) for key in seconds},
+             "verify_seconds": {k: min(r["verify_seconds"][k] for r in rounds) for k in cfg.ks}}
     for key, report in zip(runners, reports):
         draft_seconds = costs[f"{key}_seconds"]
         report["draft_seconds"] = draft_seconds
@@ -172,7 +180,8 @@ def advise(cfg: AdviseConfig) -> dict:
             "num_prompts": len(cfg.prompts), "max_tokens": cfg.max_tokens, "ks": list(cfg.ks), "dtype": cfg.dtype,
             "batch_size": cfg.batch_size,
             "costs": {"target_seconds": costs["target_seconds"], "verify_seconds": costs["verify_seconds"],
-                      "context_tokens": costs["context_tokens"], "repeats": costs["repeats"]},
+                      "context_tokens": costs["context_tokens"], "repeats": costs["repeats"],
+                      "rounds": costs["rounds"]},
             "kernels": {"target": target.kernels},
             "drafts": reports}
 

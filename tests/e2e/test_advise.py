@@ -37,7 +37,8 @@ def test_every_draft_is_measured_and_ranked_by_predicted_speedup(report):
         for k in KS:
             al = d["acceptance_length"][str(k)]
             assert 1.0 <= al <= k + 1
-            expected = ideal_speedup(al, costs["target_seconds"], costs["verify_seconds"][str(k)], d["draft_seconds"], k)
+            expected = ideal_speedup(al, costs["target_seconds"], costs["verify_seconds"][str(k)], d["draft_seconds"],
+                                     k)
             assert d["predicted_speedup"][str(k)] == pytest.approx(expected, rel=1e-3)
         assert d["best_predicted_speedup"] == max(d["predicted_speedup"].values())
         assert d["predicted_speedup"][str(d["best_k"])] == d["best_predicted_speedup"]
