@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     result = advise(cfg)
     result["prompts"] = f"GSM8K test, first {args.num_prompts} questions ({data_dir / 'test.jsonl'})"
     result["markdown"] = markdown_table(result)
-    flags = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("command", "json") and v is not None]
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+             if k not in ("command", "json") and v is not None]
     result["provenance"] = provenance(kernels=result.pop("kernels"), command="anydraft advise " + " ".join(flags))
     if args.json:
         print(json.dumps(result))
