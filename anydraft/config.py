@@ -82,7 +82,8 @@ class SpeculativeConfig:
     # tokens draft_vocab_corpus uses most. None = the whole head (TLI: the whole intersection).
     draft_vocab_size: int | None = None
     draft_vocab_corpus: str | None = None
-    # In-domain text vocab_mode="auto" measures TLI's coverage on (vocab/mode_choice.py); None = draft_vocab_corpus.
+    # In-domain text vocab_mode="auto" measures TLI's coverage on (vocab/mode_choice.py); None: auto keeps TLI
+    # across vocabularies. Not draft_vocab_corpus: a head cut ranks TLI's rows, it does not ask for another mode.
     vocab_mode_corpus: str | None = None
 
     def __post_init__(self):

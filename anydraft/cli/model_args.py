@@ -24,7 +24,7 @@ def add_model_args(p: argparse.ArgumentParser, max_model_len: int = 2048) -> Non
                    help="how the vocabularies are matched (auto picks d2t, identity, tli or slem and says why)")
     p.add_argument("--vocab-mode-corpus", default=None, metavar="FILE",
                    help="in-domain text (.jsonl or plain) on which --vocab-mode auto measures how much the "
-                        "vocabularies' intersection covers (default: --draft-vocab-corpus; none: auto keeps tli)")
+                        "vocabularies' intersection covers (none: auto keeps tli across vocabularies)")
     add_draft_head_args(p)
     p.add_argument("--dtype", default="bfloat16", help=f"one of {', '.join(DTYPES)}")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")

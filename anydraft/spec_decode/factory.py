@@ -69,10 +69,9 @@ def _resolve_mode(spec: SpeculativeConfig, bridge: VocabBridge, target_tokenizer
         if spec.vocab_mode == "tli" and shared_vocabulary:   # TLI over identical vocabularies is the identity map
             return "identity", "vocab_mode 'tli' asked, but the vocabularies are the same: identity (no tables)", {}
         return spec.vocab_mode, f"vocab_mode {spec.vocab_mode!r} asked", {}
-    corpus = spec.vocab_mode_corpus or spec.draft_vocab_corpus
     coverage = None
-    if not (has_d2t or shared_vocabulary) and corpus:
-        coverage = corpus_coverage(bridge, target_tokenizer, draft_tokenizer, corpus)
+    if not (has_d2t or shared_vocabulary) and spec.vocab_mode_corpus:
+        coverage = corpus_coverage(bridge, target_tokenizer, draft_tokenizer, spec.vocab_mode_corpus)
     mode, reason = choose_vocab_mode(shared_vocabulary, has_d2t, coverage)
     logger.info("vocab_mode auto chose %s: %s", mode, reason)
     if mode not in VOCAB_MODES:

@@ -21,7 +21,7 @@ tokens of a step drafting k is AL(a, k) = 1 + a + ... + a^k. At the shipped pair
 likely to pay for itself, above it TLI, which also serves sampling, keeps its edge. The threshold is a model,
 not a measurement: `anydraft advise` measures the AL the chosen mode reaches.
 
-The corpus decides, so auto needs the operator's in-domain text (vocab_mode_corpus, else draft_vocab_corpus).
+The corpus decides, so auto needs the operator's in-domain text (vocab_mode_corpus).
 On GSM8K train, qwen3 <-> smollm2 gives c ≈ 0.966 (TLI) and qwen3 <-> mistral c ≈ 0.940 (SLEM); on a few
 paragraphs mixing prose, code, tabs and CJK the same pairs give 0.898 and 0.879. No built-in text can stand
 for every domain, so without a corpus auto keeps TLI (it serves greedy and sampling requests alike) and says

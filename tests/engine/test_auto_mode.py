@@ -62,10 +62,11 @@ def test_low_coverage_is_slem(ckpts, corpus):
     assert info["vocab_mode"] == "tli" and info["vocab_mode_reason"] == "vocab_mode 'tli' asked"
 
 
-def test_draft_vocab_corpus_is_auto_corpus_too(ckpts, corpus):
-    info = _llm(ckpts.gpt2_target, ckpts.gpt2_shuffled_draft, draft_vocab_size=4096,
-                draft_vocab_corpus=corpus).draft_info
-    assert info["vocab_mode"] == "tli" and info["tli_coverage"]["corpus"] == corpus
+def test_a_head_cut_corpus_does_not_change_the_mode(ckpts, corpus):
+    """draft_vocab_corpus ranks TLI's head rows; it is not auto's corpus (on this pair it would have said SLEM)."""
+    info = _llm(ckpts.qwen3_target, ckpts.llama2_draft, draft_vocab_size=128, draft_vocab_corpus=corpus).draft_info
+    assert info["vocab_mode"] == "tli" and "not measured" in info["vocab_mode_reason"]
+    assert info["draft_head_rows"] == 128
 
 
 def test_vocab_mode_corpus_only_with_auto():
