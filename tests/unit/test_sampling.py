@@ -1,4 +1,4 @@
-"""logits_to_probs against a direct per-row reference; exponential-race sampling; per-row noise."""
+"""logits_to_probs against a direct per-row reference; inverse-CDF sampling; per-row noise."""
 from __future__ import annotations
 
 import pytest
@@ -57,6 +57,15 @@ def test_none_top_k_top_p_equals_off_values():
     skipped = logits_to_probs(logits, temperature)
     off = logits_to_probs(logits, temperature, torch.tensor([0, -1, 0]), torch.ones(3))
     torch.testing.assert_close(skipped, off)
+
+
+def test_any_greedy_false_skips_only_the_one_hot():
+    """any_greedy=False (no greedy row in the batch) gives the same probabilities; with a greedy row it would not."""
+    logits = torch.randn(3, 2, 50, generator=torch.Generator().manual_seed(6))
+    sampled = torch.tensor([0.8, 1.0, 1.5])
+    assert torch.equal(logits_to_probs(logits, sampled, any_greedy=False), logits_to_probs(logits, sampled))
+    mixed = torch.tensor([0.8, 0.0, 1.5])
+    assert not torch.equal(logits_to_probs(logits, mixed, any_greedy=False), logits_to_probs(logits, mixed))
 
 
 def test_top_p_one_keeps_tail_tokens_whose_mass_rounds_away():
@@ -119,8 +128,8 @@ def test_sample_from_probs_is_distributed_as_probs():
     num_samples = 20000
     probs = torch.tensor([0.05, 0.0, 0.4, 0.25, 0.0, 0.2, 0.1])
     generator = torch.Generator().manual_seed(4)
-    exponentials = torch.empty(num_samples, probs.numel()).exponential_(generator=generator)
-    samples = sample_from_probs(probs.expand(num_samples, -1), exponentials)
+    uniforms = torch.rand(num_samples, generator=generator, dtype=torch.float64)
+    samples = sample_from_probs(probs.expand(num_samples, -1), uniforms)
     assert samples.shape == (num_samples,)
     assert _chi_square_p_value(samples, probs) > P_VALUE_MIN
     # Negative control: the same statistic rejects a slightly different distribution.
@@ -128,34 +137,48 @@ def test_sample_from_probs_is_distributed_as_probs():
     assert _chi_square_p_value(samples, shifted) < P_VALUE_MIN
 
 
-def test_sample_from_probs_unnormalized_and_zero_exponential():
-    probs = torch.tensor([[0.0, 2.0, 0.0, 6.0]])
-    exponentials = torch.tensor([[0.0, 1.0, 0.0, 1.0]])  # E = 0 on zero-prob tokens must not win
-    assert sample_from_probs(probs, exponentials).item() == 3
+def test_sample_from_probs_unnormalized_and_zero_probability_never_drawn():
+    probs = torch.tensor([[0.0, 2.0, 0.0, 6.0, 0.0]]).expand(5, -1)   # token 1 owns [0, 0.25), token 3 [0.25, 1)
+    uniforms = torch.tensor([0.0, 0.25 - 2 ** -40, 0.25, 0.5, 1 - 2 ** -53], dtype=torch.float64)
+    assert sample_from_probs(probs, uniforms).tolist() == [1, 1, 3, 3, 3]
+
+
+def test_sample_from_probs_resolves_tail_tokens_of_a_large_vocabulary():
+    """A tail token of mass 1e-12 next to a head of mass ~1 (151936 entries, float32 probs) owns its own
+    interval of u: the cumulative sum runs in float64. Control: a float32 cumulative sum cannot tell it apart."""
+    vocab = 151936
+    probs = torch.full((vocab,), 1e-12)
+    probs[0] = 1.0
+    cdf = probs.cumsum(0, dtype=torch.float64)
+    for token in (1, 5000, vocab - 1):
+        u = (cdf[token - 1] + probs[token].double() / 2) / cdf[-1]
+        assert sample_from_probs(probs[None], u[None]).item() == token
+    cdf32 = probs.cumsum(0)
+    assert cdf32[5000] == cdf32[4999]   # in float32 the token's interval is empty: it could never be drawn
 
 
 def test_row_random_seed_reproduces():
     a, b = RowRandom(123), RowRandom(123)
     assert torch.equal(a.uniform(5), b.uniform(5))
-    assert torch.equal(a.exponential(3, 11), b.exponential(3, 11))
+    assert torch.equal(a.uniform(3, torch.float64), b.uniform(3, torch.float64))
     assert not torch.equal(RowRandom(123).uniform(5), RowRandom(124).uniform(5))
     assert RowRandom(None).uniform(4).shape == (4,)
 
 
 def test_draw_noise_per_row_independent_of_batch_mates():
-    k, vocab_size = 3, 9
-    uniforms_a, exponentials_a = draw_noise([RowRandom(7), RowRandom(None)], k, vocab_size, "cpu")
-    uniforms_b, exponentials_b = draw_noise([RowRandom(99), RowRandom(5), RowRandom(7)], k, vocab_size, "cpu")
-    assert uniforms_a.shape == (2, k) and exponentials_a.shape == (2, vocab_size)
+    k = 3
+    uniforms_a, tokens_a = draw_noise([RowRandom(7), RowRandom(None)], k, "cpu")
+    uniforms_b, tokens_b = draw_noise([RowRandom(99), RowRandom(5), RowRandom(7)], k, "cpu")
+    assert uniforms_a.shape == (2, k) and tokens_a.shape == (2,) and tokens_a.dtype == torch.float64
     assert torch.equal(uniforms_a[0], uniforms_b[2])
-    assert torch.equal(exponentials_a[0], exponentials_b[2])
-    assert (exponentials_b > 0).all() and ((uniforms_b >= 0) & (uniforms_b < 1)).all()
+    assert torch.equal(tokens_a[0], tokens_b[2])
+    assert ((tokens_b >= 0) & (tokens_b < 1)).all() and ((uniforms_b >= 0) & (uniforms_b < 1)).all()
 
 
 def test_draw_noise_greedy_rows_get_constant_noise():
-    uniforms, exponentials = draw_noise([None, RowRandom(1)], 2, 5, "cpu")
-    assert (uniforms[0] == 0).all() and (exponentials[0] == 1).all()
-    assert not (exponentials[1] == 1).all()
+    uniforms, token_uniforms = draw_noise([None, RowRandom(1)], 2, "cpu")
+    assert (uniforms[0] == 0).all() and token_uniforms[0] == 0
+    assert token_uniforms[1] != 0
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
@@ -164,9 +187,8 @@ def test_sampling_pipeline_matches_softmax(temperature: float):
     num_samples = 20000
     logits = torch.tensor([1.0, -0.5, 0.3, 2.0, float("-inf"), 0.0])
     probs = logits_to_probs(logits.expand(num_samples, 1, -1), torch.full((num_samples,), temperature))
-    exponentials = torch.empty(num_samples, 1, logits.numel()).exponential_(
-        generator=torch.Generator().manual_seed(5))
-    samples = sample_from_probs(probs, exponentials)[:, 0]
+    uniforms = torch.rand(num_samples, 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    samples = sample_from_probs(probs, uniforms)[:, 0]
     assert _chi_square_p_value(samples, (logits / temperature).softmax(-1)) > P_VALUE_MIN
 
 
