@@ -74,8 +74,8 @@ def logits_to_probs(logits: torch.Tensor,                # [B, S, V]
     greedy_ids = greedy_argmax(logits)[..., None] if any_greedy else None   # of the raw logits: [B, S, 1]
     # Greedy rows divide by 1: their probabilities are replaced by the one-hot below anyway.
     safe_temperature = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    # A half-precision input is widened in the division (tensor / float tensor promotes): one pass.
-    scaled_logits = logits / safe_temperature.view(batch, 1, 1)
+    # Widened into a fresh buffer, then divided in place (a mixed bf16 / float32 division is slower on CPU).
+    scaled_logits = logits.to(compute_dtype, copy=True).div_(safe_temperature.view(batch, 1, 1))
     if top_k is not None or top_p is not None:
         scaled_logits = _mask_top_k_top_p(
             scaled_logits,
