@@ -102,6 +102,8 @@ class DraftModelProposer:
         last = host_to_device(lengths, self.device, torch.long) - 1
         hidden = hidden[torch.arange(len(rows), device=self.device), last][:, None]      # [B, 1, hidden]
         head_rows, head_probs = [], []
+        # One draw per row for the k tokens (row i's k uniforms come from its own stream, in one call).
+        uniforms = None if sampling is None else draw_uniforms(sampling.randoms, k, self.device)   # [B, k]
         for i in range(k):
             if sampling is None:
                 chosen = runner.greedy_ids(hidden)                                         # [B, 1] head rows
@@ -109,7 +111,7 @@ class DraftModelProposer:
                 logits = runner.logits(hidden)                                            # [B, 1, N_head]
                 probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
                                         sampling.any_greedy)                              # [B, 1, N_head]
-                chosen = sample_from_probs(probs, draw_uniforms(sampling.randoms, 1, probs.device))   # [B, 1]
+                chosen = sample_from_probs(probs, uniforms[:, i:i + 1])                  # [B, 1]
                 head_probs.append(probs)
             head_rows.append(chosen)
             if i < k - 1:
