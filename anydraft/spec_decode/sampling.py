@@ -21,8 +21,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def safe_softmax(logits: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim where -inf gives exactly 0 and a row of only -inf gives all zeros (not NaN)."""
     # torch's fused kernel (one pass for the max, one for exp and sum, one to normalize) is 2x faster on CPU than
-    # the same steps as separate ops; it gives NaN only for a row without a finite logit, whose mass is 0.
-    return torch.softmax(logits, dim=-1).nan_to_num_(nan=0.0)
+    # the same steps as separate ops; it gives NaN only for a row without a finite logit (then every entry is
+    # NaN), whose mass is 0. On CPU a look at each row's first entry is free and spares the fix-up pass.
+    probs = torch.softmax(logits, dim=-1)
+    if probs.device.type == "cpu" and not probs[..., 0].isnan().any():
+        return probs
+    return probs.nan_to_num_(nan=0.0)
 
 
 def _mask_top_k_top_p(scaled_logits: torch.Tensor,   # [B, S, V]
@@ -90,19 +94,47 @@ def logits_to_probs(logits: torch.Tensor,                # [B, S, V]
     return probs.masked_fill_(greedy, 0.0).scatter_(-1, greedy_ids, at_argmax)
 
 
+_CDF_CHUNK = 256
+
+
 def sample_from_probs(probs: torch.Tensor,      # [..., V] (unnormalized is fine)
                       uniforms: torch.Tensor,   # [...] U[0, 1), float64 for full resolution
                       ) -> torch.Tensor:        # [...] long
     """Draw one token per row by inverse CDF: the first token whose cumulative mass exceeds u * total.
 
-    P(i) = probs[i] / sum(probs) up to float64 rounding: the cumulative sum runs in float64, so a token's
-    share is off by at most V * 2^-53 of the total (float32 would lose tail tokens of mass < 2^-24).
-    Zero-probability tokens are never drawn (their cumulative mass equals their predecessor's).
+    P(i) = probs[i] / sum(probs) up to float64 rounding: sums run in float64, so a token's share is off by
+    about V * 2^-53 of the total at most (a float32 cumulative sum would lose tail tokens of mass < 2^-24).
+    Zero-probability tokens are never drawn. A large vocabulary goes in two levels, as `greedy_argmax` does:
+    the chunk of 256 tokens holding u * total (from the chunks' sums, a fast reduction), then the token in it
+    (a cumulative sum over its 256 only); one float64 cumulative sum over 150k entries costs more than the
+    softmax before it.
     """
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)                                   # [..., V]
-    threshold = uniforms.to(device=cdf.device, dtype=torch.float64)[..., None] * cdf[..., -1:]   # [..., 1]
-    drawn = torch.searchsorted(cdf, threshold, right=True).squeeze(-1)
-    return drawn.clamp_(max=probs.shape[-1] - 1)   # an all-zero row (no mass to draw) gives its last index
+    vocab = probs.shape[-1]
+    threshold = uniforms.to(device=probs.device, dtype=torch.float64)[..., None]          # [..., 1]
+    if probs.device.type != "cpu" or vocab < 16 * _CDF_CHUNK:
+        cdf = probs.to(torch.float64).cumsum(dim=-1)                                      # [..., V]
+        drawn = torch.searchsorted(cdf, threshold * cdf[..., -1:], right=True).squeeze(-1)
+        return drawn.clamp_(max=vocab - 1)   # an all-zero row (no mass to draw) gives its last index
+    probs = probs.contiguous()
+    num_full = vocab // _CDF_CHUNK
+    chunk_mass = probs[..., :num_full * _CDF_CHUNK].unflatten(-1, (num_full, _CDF_CHUNK)).sum(-1, dtype=torch.float64)
+    if num_full * _CDF_CHUNK < vocab:   # a shorter last chunk
+        chunk_mass = torch.cat([chunk_mass, probs[..., num_full * _CDF_CHUNK:].sum(-1, keepdim=True,
+                                                                                  dtype=torch.float64)], dim=-1)
+    chunk_cdf = chunk_mass.cumsum(dim=-1)                                                  # [..., C]
+    threshold = threshold * chunk_cdf[..., -1:]                                           # [..., 1]
+    chunk = torch.searchsorted(chunk_cdf, threshold, right=True).clamp_(max=chunk_cdf.shape[-1] - 1)   # [..., 1]
+    # Mass before the chosen chunk: threshold - it >= 0 exactly, since chunk_cdf[chunk - 1] <= threshold.
+    before = torch.where(chunk > 0, chunk_cdf.gather(-1, (chunk - 1).clamp_(min=0)), 0.0)
+    offsets = torch.arange(_CDF_CHUNK, device=probs.device)
+    index = chunk * _CDF_CHUNK + offsets                                                  # [..., 256]
+    inside = index < vocab
+    local = torch.where(inside, probs.gather(-1, index.clamp(max=vocab - 1)), 0).to(torch.float64)
+    local_cdf = local.cumsum(dim=-1)                                                      # [..., 256]
+    position = torch.searchsorted(local_cdf, threshold - before, right=True)             # [..., 1]
+    # The chunk's own cumulative sum may round a hair below its reduced sum: stay on its last token with mass.
+    last_with_mass = torch.where(local > 0, offsets, 0).amax(dim=-1, keepdim=True)
+    return (chunk * _CDF_CHUNK + torch.minimum(position, last_with_mass)).squeeze(-1)
 
 
 class RowRandom:

@@ -143,16 +143,58 @@ def test_sample_from_probs_unnormalized_and_zero_probability_never_drawn():
     assert sample_from_probs(probs, uniforms).tolist() == [1, 1, 3, 3, 3]
 
 
+@pytest.mark.parametrize("vocab", [4096, 39237, 151936])
+def test_two_level_draw_equals_one_cumulative_sum(vocab):
+    """Large vocabularies draw chunk then token; that picks the token a float64 cumulative sum over the whole row
+    picks (zero-mass tokens, a partial last chunk and u near 0 and 1 included)."""
+    generator = torch.Generator().manual_seed(vocab)
+    probs = torch.softmax(torch.randn(64, vocab, generator=generator) * 4, -1)
+    probs[:, ::7] = 0.0
+    probs[:8, -300:] = 0.0                                  # the last chunk (or two) without mass
+    uniforms = torch.rand(64, generator=generator, dtype=torch.float64)
+    uniforms[:4] = torch.tensor([0.0, 2 ** -50, 1 - 2 ** -53, 0.5], dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    expected = torch.searchsorted(cdf, (uniforms[:, None] * cdf[:, -1:]), right=True).squeeze(-1)
+    drawn = sample_from_probs(probs, uniforms)
+    assert (probs.gather(-1, drawn[:, None]) > 0).all()
+    # The two sum orders may round apart only when u * total falls within ~1e-16 of a token boundary.
+    assert (drawn == expected).sum() >= 63
+
+
+def test_sample_from_probs_two_level_is_distributed_as_probs():
+    """Chi-square on a 5000-token vocabulary (two-level path): a few heavy tokens in different chunks and a tail;
+    negative control: the same statistic rejects probabilities moved by a little between two tokens."""
+    vocab, num_samples = 5000, 20000
+    probs = torch.full((vocab,), 0.2 / (vocab - 5))
+    heavy = torch.tensor([3, 700, 1500, 2560, 4999])
+    probs[heavy] = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.05])
+    samples = sample_from_probs(probs.expand(num_samples, -1),
+                                torch.rand(num_samples, generator=torch.Generator().manual_seed(8), dtype=torch.float64))
+    binned = torch.where(torch.isin(samples, heavy), samples, -1)
+    def p_value(law):
+        observed = [int((binned == t).sum()) for t in heavy.tolist()] + [int((binned == -1).sum())]
+        expected = [float(law[t]) * num_samples for t in heavy.tolist()]
+        return float(chisquare(observed, expected + [num_samples - sum(expected)]).pvalue)
+    assert p_value(probs) > P_VALUE_MIN
+    shifted = probs.clone()
+    shifted[3], shifted[700] = 0.285, 0.215
+    assert p_value(shifted) < P_VALUE_MIN
+
+
 def test_sample_from_probs_resolves_tail_tokens_of_a_large_vocabulary():
-    """A tail token of mass 1e-12 next to a head of mass ~1 (151936 entries, float32 probs) owns its own
-    interval of u: the cumulative sum runs in float64. Control: a float32 cumulative sum cannot tell it apart."""
+    """Tail tokens of mass 1e-12 next to a head of mass 1 (151936 entries, float32 probs) each own their share of
+    u: u spread evenly over the tail's share draws tokens spread evenly over the tail, within a token or two.
+    Control: a float32 cumulative sum cannot tell the tail tokens apart (their intervals are empty)."""
     vocab = 151936
     probs = torch.full((vocab,), 1e-12)
     probs[0] = 1.0
-    cdf = probs.cumsum(0, dtype=torch.float64)
-    for token in (1, 5000, vocab - 1):
-        u = (cdf[token - 1] + probs[token].double() / 2) / cdf[-1]
-        assert sample_from_probs(probs[None], u[None]).item() == token
+    total = probs.double().sum()
+    tail_mass = float(probs[1].double())
+    fractions = (torch.arange(1000, dtype=torch.float64) + 0.5) / 1000
+    uniforms = (1.0 + fractions * (total - 1.0)) / total
+    drawn = sample_from_probs(probs[None].expand(1000, -1), uniforms)
+    expected = 1 + ((uniforms * total - 1.0) / tail_mass).floor()
+    assert (drawn - expected).abs().max() <= 2
     cdf32 = probs.cumsum(0)
     assert cdf32[5000] == cdf32[4999]   # in float32 the token's interval is empty: it could never be drawn
 
