@@ -15,7 +15,7 @@ from .scheduler import Scheduler
 from .tensors import host_to_device
 from .spec_decode.adaptive import AdaptiveSpeculation
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
-from .spec_decode.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
+from .spec_decode.sampling import RowRandom, draw_noise, draw_uniforms, logits_to_probs, sample_from_probs
 from .spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
 from .tokenizer import Tokenizer
 
@@ -182,9 +182,9 @@ class Engine:
         if sampling is None:
             return self.target.greedy_ids(last_hidden)[:, 0].tolist()
         target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
-                                       sampling.top_p)                                      # [A, 1, V_target]
-        _, noise = draw_noise(sampling.randoms, 0, target_probs.shape[-1], "cpu")              # [A, V_target]
-        return sample_from_probs(target_probs, noise[:, None].to(target_probs)).flatten().tolist()
+                                       sampling.top_p, sampling.any_greedy)                 # [A, 1, V_target]
+        uniforms = draw_uniforms(sampling.randoms, 1, target_probs.device)                 # [A, 1]
+        return sample_from_probs(target_probs, uniforms).flatten().tolist()
 
     def _release(self, request: Request) -> None:
         self.scheduler.remove(request)
@@ -240,13 +240,13 @@ class Engine:
                             else host_to_device(row_drafts, target_out.device, torch.long))        # [B]
         if sampling is None:
             return verify_greedy(target_out, proposal.draft_target_ids, num_draft_tokens)
-        target_probs = logits_to_probs(target_out, sampling.temperature, sampling.top_k, sampling.top_p)
+        target_probs = logits_to_probs(target_out, sampling.temperature, sampling.top_k, sampling.top_p,
+                                       sampling.any_greedy)                                 # [B, k+1, V_target]
         # Drawn where the row generators live (host), moved in one non-blocking copy each.
-        uniforms, exponentials = draw_noise(sampling.randoms, k, target_probs.shape[-1], "cpu")
-        device, dtype = target_probs.device, target_probs.dtype
+        uniforms, token_uniforms = draw_noise(sampling.randoms, k, target_probs.device)    # [B, k], [B]
         return verify_sampling(target_probs, proposal.draft_probs.to(target_probs), proposal.draft_target_ids,
-                               uniforms.to(device, non_blocking=True).to(dtype),
-                               exponentials.to(device, non_blocking=True).to(dtype), num_draft_tokens)
+                               uniforms.to(target_probs.dtype), token_uniforms, num_draft_tokens,
+                               proposal.draft_columns, proposal.column_to_target)
 
     @staticmethod
     def _fetch_to_host(verdict: VerifyOutput) -> tuple[list[int], list[list[int]]]:

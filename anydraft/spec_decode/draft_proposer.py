@@ -9,7 +9,7 @@ from ..model.runner import ModelRunner
 from ..tensors import host_to_device
 from .draft_vocab import DraftVocab
 from .proposer import Proposal, SamplingBatch, empty_proposal
-from .sampling import draw_exponentials, logits_to_probs, sample_from_probs
+from .sampling import draw_uniforms, logits_to_probs, sample_from_probs
 
 FULL_ROW_PROPOSAL = 0  # target id proposed by a row whose draft cache is full (any id would do: it is verified)
 
@@ -86,9 +86,10 @@ class DraftModelProposer:
                 randoms=[sampling.randoms[i] for i in live])
             drafted = self._draft([rows[i] for i in live], [pending[i] for i in live], live_sampling, k)
             draft_target_ids[index] = drafted.draft_target_ids
-            if draft_probs is not None:
-                draft_probs = draft_probs.to(drafted.draft_probs.dtype)
-                draft_probs[index] = drafted.draft_probs
+            if draft_probs is not None:   # a rare path (a full draft cache): q over the whole target vocabulary
+                drafted_probs = self.vocab.scatter_probs(drafted.draft_probs)                  # [L, k, V_target]
+                draft_probs = draft_probs.to(drafted_probs.dtype)
+                draft_probs[index] = drafted_probs
         return Proposal(draft_target_ids, draft_probs)
 
     def _draft(self, rows: list[int], pending: list[list[int]], sampling: SamplingBatch | None, k: int) -> Proposal:
@@ -101,21 +102,22 @@ class DraftModelProposer:
         last = host_to_device(lengths, self.device, torch.long) - 1
         hidden = hidden[torch.arange(len(rows), device=self.device), last][:, None]      # [B, 1, hidden]
         head_rows, head_probs = [], []
+        # One draw per row for the k tokens (row i's k uniforms come from its own stream, in one call).
+        uniforms = None if sampling is None else draw_uniforms(sampling.randoms, k, self.device)   # [B, k]
         for i in range(k):
             if sampling is None:
                 chosen = runner.greedy_ids(hidden)                                         # [B, 1] head rows
             else:
                 logits = runner.logits(hidden)                                            # [B, 1, N_head]
-                probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-                noise = draw_exponentials(sampling.randoms, 1, probs.shape[-1], probs.device)   # [B, 1, N_head]
-                chosen = sample_from_probs(probs, noise.to(probs.dtype))
+                probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                                        sampling.any_greedy)                              # [B, 1, N_head]
+                chosen = sample_from_probs(probs, uniforms[:, i:i + 1])                  # [B, 1]
                 head_probs.append(probs)
             head_rows.append(chosen)
             if i < k - 1:
                 hidden = runner.forward(rows, self.vocab.to_draft_input(chosen))
-        head_rows_t = torch.cat(head_rows, dim=1)                                         # [B, k]
-        draft_probs = None if sampling is None else self.vocab.scatter_probs(torch.cat(head_probs, dim=1))
-        return Proposal(self.vocab.to_target(head_rows_t), draft_probs)
+        return self.vocab.proposal(torch.cat(head_rows, dim=1),                            # [B, k]
+                                   None if sampling is None else torch.cat(head_probs, dim=1))  # [B, k, N_head]
 
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
         k = self.num_proposed

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import torch
 
+from .proposer import Proposal
+
 
 @dataclass
 class SharedState:
@@ -74,6 +76,17 @@ class DraftVocab:
 
     def to_draft_input(self, head_rows: torch.Tensor) -> torch.Tensor:
         return head_rows if self.head_to_draft_input is None else self.head_to_draft_input[head_rows]
+
+    def proposal(self, head_rows: torch.Tensor,             # [B, k] drawn head rows
+                 head_probs: torch.Tensor | None,          # [B, k, N_head] q over the head; None = greedy
+                 ) -> Proposal:
+        """Proposals in target ids with q kept over the head's rows where a table maps them (TLI, d2t, a
+        frequency-ranked head): verification subtracts it from p only where it lives."""
+        draft_target_ids = self.to_target(head_rows)
+        if head_probs is None or self.head_to_target is None:
+            probs = None if head_probs is None else self.scatter_probs(head_probs)
+            return Proposal(draft_target_ids, probs)
+        return Proposal(draft_target_ids, head_probs, head_rows, self.head_to_target)
 
     def scatter_probs(self, head_probs: torch.Tensor) -> torch.Tensor:
         """[B, k, N_head] draft probabilities -> [B, k, V_target_rows] (zero outside the draft's reach)."""

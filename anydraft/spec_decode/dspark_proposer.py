@@ -17,7 +17,7 @@ from ..model.speculators_config import SpeculatorsConfig
 from ..tensors import host_to_device
 from .proposer import Proposal, SamplingBatch, empty_proposal
 from .reduced_vocab import ReducedVocab
-from .sampling import draw_exponentials, logits_to_probs, sample_from_probs
+from .sampling import draw_uniforms, logits_to_probs, sample_from_probs
 from .target_states import TargetStateLog
 
 
@@ -85,10 +85,10 @@ class DSparkProposer:
                 chosen = self.vocab.greedy_target_ids(head_logits)
             else:
                 target_probs = logits_to_probs(self.vocab.target_logits(head_logits), sampling.temperature,
-                                               sampling.top_k, sampling.top_p)
+                                               sampling.top_k, sampling.top_p, sampling.any_greedy)
                 head_probs = self.vocab.head_probs(target_probs)
-                noise = draw_exponentials(sampling.randoms, 1, head_probs.shape[-1], self.device)
-                chosen = self.vocab.to_target(sample_from_probs(head_probs, noise.to(head_probs.dtype)))
+                chosen = self.vocab.to_target(sample_from_probs(head_probs, draw_uniforms(sampling.randoms, 1,
+                                                                                          self.device)))
                 draft_probs.append(target_probs)
             draft_target_ids.append(chosen)
             previous = chosen

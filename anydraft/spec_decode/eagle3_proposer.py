@@ -13,7 +13,7 @@ from ..model.kv_cache import KVCache
 from ..tensors import host_to_device
 from .proposer import Proposal, SamplingBatch, empty_proposal
 from .reduced_vocab import ReducedVocab
-from .sampling import draw_exponentials, logits_to_probs, sample_from_probs
+from .sampling import draw_uniforms, logits_to_probs, sample_from_probs
 from .target_states import TargetStateLog
 
 
@@ -80,10 +80,10 @@ class Eagle3Proposer:
                 chosen = self.vocab.greedy_target_ids(head_logits)                         # [B, 1] target ids
             else:
                 target_probs = logits_to_probs(self.vocab.target_logits(head_logits), sampling.temperature,
-                                               sampling.top_k, sampling.top_p)             # [B, 1, V_target]
+                                               sampling.top_k, sampling.top_p, sampling.any_greedy)             # [B, 1, V_target]
                 head_probs = self.vocab.head_probs(target_probs)                           # [B, 1, N]
-                noise = draw_exponentials(sampling.randoms, 1, head_probs.shape[-1], self.device)
-                chosen = self.vocab.to_target(sample_from_probs(head_probs, noise.to(head_probs.dtype)))
+                chosen = self.vocab.to_target(sample_from_probs(head_probs, draw_uniforms(sampling.randoms, 1,
+                                                                                          self.device)))
                 draft_probs.append(target_probs)
             draft_target_ids.append(chosen)
             if i < k - 1:

@@ -15,11 +15,20 @@ class SamplingBatch:
     top_p: torch.Tensor | None  # [B]; None = no row truncates
     randoms: list               # [B] RowRandom, one seeded stream per request; None for a greedy row
 
+    @property
+    def any_greedy(self) -> bool:
+        """Whether some row is greedy (host fact: logits_to_probs skips its one-hot pass when none is)."""
+        return any(r is None for r in self.randoms)
+
 
 @dataclass
 class Proposal:
     draft_target_ids: torch.Tensor          # [B, k] proposals already in TARGET ids
-    draft_probs: torch.Tensor | None        # [B, k, V_target_rows] draft distribution q in target vocab; None if greedy
+    draft_probs: torch.Tensor | None        # [B, k, N] draft distribution q over its columns; None if greedy
+    # Columns: by default N = V_target_rows and column j is target id j. A draft whose support is a part of the
+    # target vocabulary (TLI, d2t) keeps q over its own head rows instead of a [B, k, V_target] scatter:
+    draft_columns: torch.Tensor | None = None      # [B, k] column of each proposal in draft_probs
+    column_to_target: torch.Tensor | None = None   # [N] target id of each column (injective)
 
 
 def empty_proposal(batch: int, target_vocab_rows: int, sampling: bool, device: torch.device) -> Proposal:

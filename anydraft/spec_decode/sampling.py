@@ -1,7 +1,9 @@
 """Turning logits into probabilities and drawing tokens under per-row request settings.
 
-Everything here is a pure tensor function: randomness comes in as explicit noise tensors
-(drawn per row by `RowRandom`), so a seeded request reproduces whatever its batch-mates are.
+Everything here is a pure tensor function: randomness comes in as explicit uniforms (drawn per row by
+`RowRandom`), so a seeded request reproduces whatever its batch-mates are. A token costs one uniform (inverse
+CDF), not one random number per vocabulary entry: over a 150k vocabulary the draws would cost more than the
+softmax and the output head together.
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def safe_softmax(logits: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dim where -inf gives exactly 0 and a row of only -inf gives all zeros (not NaN)."""
-    row_max = logits.amax(dim=-1, keepdim=True)
-    # An all -inf row would make (-inf) - (-inf) = NaN; shifting it by 0 keeps every exp at 0.
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    exp = (logits - row_max).exp()
-    return exp / exp.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(exp.dtype).tiny)
+    # torch's fused kernel (one pass for the max, one for exp and sum, one to normalize) is 2x faster on CPU than
+    # the same steps as separate ops; it gives NaN only for a row without a finite logit (then every entry is
+    # NaN), whose mass is 0. On CPU a look at each row's first entry is free and spares the fix-up pass.
+    probs = torch.softmax(logits, dim=-1)
+    if probs.device.type == "cpu" and not probs[..., 0].isnan().any():
+        return probs
+    return probs.nan_to_num_(nan=0.0)
 
 
 def _mask_top_k_top_p(scaled_logits: torch.Tensor,   # [B, S, V]
@@ -59,40 +63,78 @@ def logits_to_probs(logits: torch.Tensor,                # [B, S, V]
                     temperature: torch.Tensor,           # [B] 0 = greedy
                     top_k: torch.Tensor | None = None,   # [B] 0 or -1 = off; None = off for every row
                     top_p: torch.Tensor | None = None,   # [B] 1.0 = off; None = off for every row
+                    any_greedy: bool = True,             # False: the caller knows no row is greedy
                     ) -> torch.Tensor:                   # [B, S, V] float32 (float64 for float64 input)
     """Probabilities each row samples from: temperature, then top-k, then top-p, renormalized.
 
     Rows with temperature 0 get a one-hot of the argmax of the raw logits, so greedy and sampled rows
     can share a batch and one verification path. -inf logits get probability exactly 0.
-    Passing None for top_k / top_p skips the vocabulary sort when no row in the batch uses it.
+    Passing None for top_k / top_p skips the vocabulary sort when no row in the batch uses it, and
+    any_greedy=False (a host fact: `SamplingBatch.any_greedy`) skips the one-hot pass.
     """
     compute_dtype = _compute_dtype(logits.dtype)
-    logits = logits.to(compute_dtype)
     batch = logits.shape[0]
     temperature = temperature.to(device=logits.device, dtype=compute_dtype)
+    greedy_ids = greedy_argmax(logits)[..., None] if any_greedy else None   # of the raw logits: [B, S, 1]
     # Greedy rows divide by 1: their probabilities are replaced by the one-hot below anyway.
     safe_temperature = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    scaled_logits = logits / safe_temperature.view(batch, 1, 1)
+    # Widened into a fresh buffer, then divided in place (a mixed bf16 / float32 division is slower on CPU).
+    scaled_logits = logits.to(compute_dtype, copy=True).div_(safe_temperature.view(batch, 1, 1))
     if top_k is not None or top_p is not None:
         scaled_logits = _mask_top_k_top_p(
             scaled_logits,
             None if top_k is None else top_k.to(logits.device),
             None if top_p is None else top_p.to(logits.device))
     probs = safe_softmax(scaled_logits)
-    greedy_probs = torch.zeros_like(probs).scatter_(-1, greedy_argmax(logits)[..., None], 1.0)
-    return torch.where((temperature <= 0).view(batch, 1, 1), greedy_probs, probs)
+    if greedy_ids is None:
+        return probs
+    greedy = (temperature <= 0).view(batch, 1, 1)
+    # Greedy rows: zero everywhere, then 1 at the argmax; sampled rows write their own value back there.
+    at_argmax = torch.where(greedy, 1.0, probs.gather(-1, greedy_ids))
+    return probs.masked_fill_(greedy, 0.0).scatter_(-1, greedy_ids, at_argmax)
 
 
-def sample_from_probs(probs: torch.Tensor,          # [..., V] (unnormalized is fine)
-                      exponentials: torch.Tensor,   # [..., V] i.i.d. Exp(1)
-                      ) -> torch.Tensor:            # [...] long
-    """Draw one token per row by the exponential race argmax(probs / E), which is exactly ~ probs.
+_CDF_CHUNK = 256
 
-    P(argmax = i) = probs[i] / sum(probs), since min_j E_j / probs_j is exponential with rate sum(probs).
-    Zero-probability tokens are never drawn; E is clamped above 0 so 0 / 0 cannot produce a NaN winner.
+
+def sample_from_probs(probs: torch.Tensor,      # [..., V] (unnormalized is fine)
+                      uniforms: torch.Tensor,   # [...] U[0, 1), float64 for full resolution
+                      ) -> torch.Tensor:        # [...] long
+    """Draw one token per row by inverse CDF: the first token whose cumulative mass exceeds u * total.
+
+    P(i) = probs[i] / sum(probs) up to float64 rounding: sums run in float64, so a token's share is off by
+    about V * 2^-53 of the total at most (a float32 cumulative sum would lose tail tokens of mass < 2^-24).
+    Zero-probability tokens are never drawn. A large vocabulary goes in two levels, as `greedy_argmax` does:
+    the chunk of 256 tokens holding u * total (from the chunks' sums, a fast reduction), then the token in it
+    (a cumulative sum over its 256 only); one float64 cumulative sum over 150k entries costs more than the
+    softmax before it.
     """
-    tiny = torch.finfo(exponentials.dtype).tiny
-    return (probs / exponentials.clamp_min(tiny)).argmax(dim=-1)
+    vocab = probs.shape[-1]
+    threshold = uniforms.to(device=probs.device, dtype=torch.float64)[..., None]          # [..., 1]
+    if probs.device.type != "cpu" or vocab < 16 * _CDF_CHUNK:
+        cdf = probs.to(torch.float64).cumsum(dim=-1)                                      # [..., V]
+        drawn = torch.searchsorted(cdf, threshold * cdf[..., -1:], right=True).squeeze(-1)
+        return drawn.clamp_(max=vocab - 1)   # an all-zero row (no mass to draw) gives its last index
+    probs = probs.contiguous()
+    num_full = vocab // _CDF_CHUNK
+    chunk_mass = probs[..., :num_full * _CDF_CHUNK].unflatten(-1, (num_full, _CDF_CHUNK)).sum(-1, dtype=torch.float64)
+    if num_full * _CDF_CHUNK < vocab:   # a shorter last chunk
+        chunk_mass = torch.cat([chunk_mass, probs[..., num_full * _CDF_CHUNK:].sum(-1, keepdim=True,
+                                                                                  dtype=torch.float64)], dim=-1)
+    chunk_cdf = chunk_mass.cumsum(dim=-1)                                                  # [..., C]
+    threshold = threshold * chunk_cdf[..., -1:]                                           # [..., 1]
+    chunk = torch.searchsorted(chunk_cdf, threshold, right=True).clamp_(max=chunk_cdf.shape[-1] - 1)   # [..., 1]
+    # Mass before the chosen chunk: threshold - it >= 0 exactly, since chunk_cdf[chunk - 1] <= threshold.
+    before = torch.where(chunk > 0, chunk_cdf.gather(-1, (chunk - 1).clamp_(min=0)), 0.0)
+    offsets = torch.arange(_CDF_CHUNK, device=probs.device)
+    index = chunk * _CDF_CHUNK + offsets                                                  # [..., 256]
+    inside = index < vocab
+    local = torch.where(inside, probs.gather(-1, index.clamp(max=vocab - 1)), 0).to(torch.float64)
+    local_cdf = local.cumsum(dim=-1)                                                      # [..., 256]
+    position = torch.searchsorted(local_cdf, threshold - before, right=True)             # [..., 1]
+    # The chunk's own cumulative sum may round a hair below its reduced sum: stay on its last token with mass.
+    last_with_mass = torch.where(local > 0, offsets, 0).amax(dim=-1, keepdim=True)
+    return (chunk * _CDF_CHUNK + torch.minimum(position, last_with_mass)).squeeze(-1)
 
 
 class RowRandom:
@@ -110,37 +152,33 @@ class RowRandom:
         else:
             self.generator.manual_seed(seed)
 
-    def uniform(self, k: int) -> torch.Tensor:                       # [k] in [0, 1)
-        return torch.rand(k, generator=self.generator, device=self.device)
-
-    def exponential(self, n: int, vocab_size: int) -> torch.Tensor:  # [n, vocab_size] Exp(1)
-        return torch.empty(n, vocab_size, device=self.device).exponential_(generator=self.generator)
+    def uniform(self, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:   # [k] in [0, 1)
+        return torch.rand(k, generator=self.generator, device=self.device, dtype=dtype)
 
 
-def draw_exponentials(row_randoms: Sequence[RowRandom | None], num: int, vocab_size: int,
-                      device: torch.device | str) -> torch.Tensor:   # [B, num, vocab_size]
-    """The one greedy-vs-sampling noise rule: row i draws `num` Exp(1) vectors from row_randoms[i]; a None entry
-    is a greedy row (one-hot probs), which draws nothing and gets ones, so `sample_from_probs` returns its
-    argmax. Greedy rows of a mixed batch thus spend no draw over the vocabulary."""
-    exponentials = torch.ones(len(row_randoms), num, vocab_size)
+def draw_uniforms(row_randoms: Sequence[RowRandom | None], num: int,
+                  device: torch.device | str) -> torch.Tensor:   # [B, num] float64
+    """The one greedy-vs-sampling noise rule for drawing tokens: row i draws `num` float64 uniforms (one per
+    token it samples, see `sample_from_probs`) from row_randoms[i]; a None entry is a greedy row (one-hot
+    probs), which draws nothing and gets 0, which `sample_from_probs` turns into its argmax."""
+    uniforms = torch.zeros(len(row_randoms), num, dtype=torch.float64)
     for row, row_random in enumerate(row_randoms):
         if row_random is not None:
-            exponentials[row] = row_random.exponential(num, vocab_size)
-    return exponentials.to(device, non_blocking=True)
+            uniforms[row] = row_random.uniform(num, torch.float64)
+    return uniforms.to(device, non_blocking=True)
 
 
-def draw_noise(row_randoms: Sequence[RowRandom | None], k: int, vocab_size: int,
+def draw_noise(row_randoms: Sequence[RowRandom | None], k: int,
                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Noise for one verification step: (uniforms # [B, k], exponentials # [B, vocab_size]).
+    """Noise for one verification step: (accept uniforms # [B, k], token uniforms # [B] float64).
 
-    One Exp(1) vector per row, not one per position: a row draws a single token per step (recovered or
-    bonus), and over a 150k vocabulary these draws are the costliest part of a sampling step on CPU.
-    Row i's noise comes only from row_randoms[i]'s generator (see RowRandom). A None entry is a greedy row
-    (`draw_exponentials`' rule): uniforms 0 and exponentials 1 make `verify_sampling` accept exactly when the
+    One token uniform per row, not one per position: a row draws a single token per step (recovered or
+    bonus), from an independent uniform. Row i's noise comes only from row_randoms[i]'s generator (see
+    RowRandom). A None entry is a greedy row: uniforms 0 make `verify_sampling` accept exactly when the
     draft token is the target argmax and emit the argmax otherwise.
     """
     uniforms = torch.zeros(len(row_randoms), k)
     for row, row_random in enumerate(row_randoms):
         if row_random is not None:
             uniforms[row] = row_random.uniform(k)
-    return uniforms.to(device, non_blocking=True), draw_exponentials(row_randoms, 1, vocab_size, device)[:, 0]
+    return uniforms.to(device, non_blocking=True), draw_uniforms(row_randoms, 1, device)[:, 0]

@@ -1,4 +1,4 @@
-"""logits_to_probs against a direct per-row reference; exponential-race sampling; per-row noise."""
+"""logits_to_probs against a direct per-row reference; inverse-CDF sampling; per-row noise."""
 from __future__ import annotations
 
 import pytest
@@ -57,6 +57,15 @@ def test_none_top_k_top_p_equals_off_values():
     skipped = logits_to_probs(logits, temperature)
     off = logits_to_probs(logits, temperature, torch.tensor([0, -1, 0]), torch.ones(3))
     torch.testing.assert_close(skipped, off)
+
+
+def test_any_greedy_false_skips_only_the_one_hot():
+    """any_greedy=False (no greedy row in the batch) gives the same probabilities; with a greedy row it would not."""
+    logits = torch.randn(3, 2, 50, generator=torch.Generator().manual_seed(6))
+    sampled = torch.tensor([0.8, 1.0, 1.5])
+    assert torch.equal(logits_to_probs(logits, sampled, any_greedy=False), logits_to_probs(logits, sampled))
+    mixed = torch.tensor([0.8, 0.0, 1.5])
+    assert not torch.equal(logits_to_probs(logits, mixed, any_greedy=False), logits_to_probs(logits, mixed))
 
 
 def test_top_p_one_keeps_tail_tokens_whose_mass_rounds_away():
@@ -119,8 +128,8 @@ def test_sample_from_probs_is_distributed_as_probs():
     num_samples = 20000
     probs = torch.tensor([0.05, 0.0, 0.4, 0.25, 0.0, 0.2, 0.1])
     generator = torch.Generator().manual_seed(4)
-    exponentials = torch.empty(num_samples, probs.numel()).exponential_(generator=generator)
-    samples = sample_from_probs(probs.expand(num_samples, -1), exponentials)
+    uniforms = torch.rand(num_samples, generator=generator, dtype=torch.float64)
+    samples = sample_from_probs(probs.expand(num_samples, -1), uniforms)
     assert samples.shape == (num_samples,)
     assert _chi_square_p_value(samples, probs) > P_VALUE_MIN
     # Negative control: the same statistic rejects a slightly different distribution.
@@ -128,34 +137,90 @@ def test_sample_from_probs_is_distributed_as_probs():
     assert _chi_square_p_value(samples, shifted) < P_VALUE_MIN
 
 
-def test_sample_from_probs_unnormalized_and_zero_exponential():
-    probs = torch.tensor([[0.0, 2.0, 0.0, 6.0]])
-    exponentials = torch.tensor([[0.0, 1.0, 0.0, 1.0]])  # E = 0 on zero-prob tokens must not win
-    assert sample_from_probs(probs, exponentials).item() == 3
+def test_sample_from_probs_unnormalized_and_zero_probability_never_drawn():
+    probs = torch.tensor([[0.0, 2.0, 0.0, 6.0, 0.0]]).expand(5, -1)   # token 1 owns [0, 0.25), token 3 [0.25, 1)
+    uniforms = torch.tensor([0.0, 0.25 - 2 ** -40, 0.25, 0.5, 1 - 2 ** -53], dtype=torch.float64)
+    assert sample_from_probs(probs, uniforms).tolist() == [1, 1, 3, 3, 3]
+
+
+@pytest.mark.parametrize("vocab", [4096, 39237, 151936])
+def test_two_level_draw_equals_one_cumulative_sum(vocab):
+    """Large vocabularies draw chunk then token; that picks the token a float64 cumulative sum over the whole row
+    picks (zero-mass tokens, a partial last chunk and u near 0 and 1 included)."""
+    generator = torch.Generator().manual_seed(vocab)
+    probs = torch.softmax(torch.randn(64, vocab, generator=generator) * 4, -1)
+    probs[:, ::7] = 0.0
+    probs[:8, -300:] = 0.0                                  # the last chunk (or two) without mass
+    uniforms = torch.rand(64, generator=generator, dtype=torch.float64)
+    uniforms[:4] = torch.tensor([0.0, 2 ** -50, 1 - 2 ** -53, 0.5], dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    expected = torch.searchsorted(cdf, (uniforms[:, None] * cdf[:, -1:]), right=True).squeeze(-1)
+    drawn = sample_from_probs(probs, uniforms)
+    assert (probs.gather(-1, drawn[:, None]) > 0).all()
+    # The two sum orders may round apart only when u * total falls within ~1e-16 of a token boundary.
+    assert (drawn == expected).sum() >= 63
+
+
+def test_sample_from_probs_two_level_is_distributed_as_probs():
+    """Chi-square on a 5000-token vocabulary (two-level path): a few heavy tokens in different chunks and a tail;
+    negative control: the same statistic rejects probabilities moved by a little between two tokens."""
+    vocab, num_samples = 5000, 20000
+    probs = torch.full((vocab,), 0.2 / (vocab - 5))
+    heavy = torch.tensor([3, 700, 1500, 2560, 4999])
+    probs[heavy] = torch.tensor([0.3, 0.2, 0.15, 0.1, 0.05])
+    samples = sample_from_probs(probs.expand(num_samples, -1),
+                                torch.rand(num_samples, generator=torch.Generator().manual_seed(8), dtype=torch.float64))
+    binned = torch.where(torch.isin(samples, heavy), samples, -1)
+    def p_value(law):
+        observed = [int((binned == t).sum()) for t in heavy.tolist()] + [int((binned == -1).sum())]
+        expected = [float(law[t]) * num_samples for t in heavy.tolist()]
+        return float(chisquare(observed, expected + [num_samples - sum(expected)]).pvalue)
+    assert p_value(probs) > P_VALUE_MIN
+    shifted = probs.clone()
+    shifted[3], shifted[700] = 0.285, 0.215
+    assert p_value(shifted) < P_VALUE_MIN
+
+
+def test_sample_from_probs_resolves_tail_tokens_of_a_large_vocabulary():
+    """Tail tokens of mass 1e-12 next to a head of mass 1 (151936 entries, float32 probs) each own their share of
+    u: u spread evenly over the tail's share draws tokens spread evenly over the tail, within a token or two.
+    Control: a float32 cumulative sum cannot tell the tail tokens apart (their intervals are empty)."""
+    vocab = 151936
+    probs = torch.full((vocab,), 1e-12)
+    probs[0] = 1.0
+    total = probs.double().sum()
+    tail_mass = float(probs[1].double())
+    fractions = (torch.arange(1000, dtype=torch.float64) + 0.5) / 1000
+    uniforms = (1.0 + fractions * (total - 1.0)) / total
+    drawn = sample_from_probs(probs[None].expand(1000, -1), uniforms)
+    expected = 1 + ((uniforms * total - 1.0) / tail_mass).floor()
+    assert (drawn - expected).abs().max() <= 2
+    cdf32 = probs.cumsum(0)
+    assert cdf32[5000] == cdf32[4999]   # in float32 the token's interval is empty: it could never be drawn
 
 
 def test_row_random_seed_reproduces():
     a, b = RowRandom(123), RowRandom(123)
     assert torch.equal(a.uniform(5), b.uniform(5))
-    assert torch.equal(a.exponential(3, 11), b.exponential(3, 11))
+    assert torch.equal(a.uniform(3, torch.float64), b.uniform(3, torch.float64))
     assert not torch.equal(RowRandom(123).uniform(5), RowRandom(124).uniform(5))
     assert RowRandom(None).uniform(4).shape == (4,)
 
 
 def test_draw_noise_per_row_independent_of_batch_mates():
-    k, vocab_size = 3, 9
-    uniforms_a, exponentials_a = draw_noise([RowRandom(7), RowRandom(None)], k, vocab_size, "cpu")
-    uniforms_b, exponentials_b = draw_noise([RowRandom(99), RowRandom(5), RowRandom(7)], k, vocab_size, "cpu")
-    assert uniforms_a.shape == (2, k) and exponentials_a.shape == (2, vocab_size)
+    k = 3
+    uniforms_a, tokens_a = draw_noise([RowRandom(7), RowRandom(None)], k, "cpu")
+    uniforms_b, tokens_b = draw_noise([RowRandom(99), RowRandom(5), RowRandom(7)], k, "cpu")
+    assert uniforms_a.shape == (2, k) and tokens_a.shape == (2,) and tokens_a.dtype == torch.float64
     assert torch.equal(uniforms_a[0], uniforms_b[2])
-    assert torch.equal(exponentials_a[0], exponentials_b[2])
-    assert (exponentials_b > 0).all() and ((uniforms_b >= 0) & (uniforms_b < 1)).all()
+    assert torch.equal(tokens_a[0], tokens_b[2])
+    assert ((tokens_b >= 0) & (tokens_b < 1)).all() and ((uniforms_b >= 0) & (uniforms_b < 1)).all()
 
 
 def test_draw_noise_greedy_rows_get_constant_noise():
-    uniforms, exponentials = draw_noise([None, RowRandom(1)], 2, 5, "cpu")
-    assert (uniforms[0] == 0).all() and (exponentials[0] == 1).all()
-    assert not (exponentials[1] == 1).all()
+    uniforms, token_uniforms = draw_noise([None, RowRandom(1)], 2, "cpu")
+    assert (uniforms[0] == 0).all() and token_uniforms[0] == 0
+    assert token_uniforms[1] != 0
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0])
@@ -164,9 +229,8 @@ def test_sampling_pipeline_matches_softmax(temperature: float):
     num_samples = 20000
     logits = torch.tensor([1.0, -0.5, 0.3, 2.0, float("-inf"), 0.0])
     probs = logits_to_probs(logits.expand(num_samples, 1, -1), torch.full((num_samples,), temperature))
-    exponentials = torch.empty(num_samples, 1, logits.numel()).exponential_(
-        generator=torch.Generator().manual_seed(5))
-    samples = sample_from_probs(probs, exponentials)[:, 0]
+    uniforms = torch.rand(num_samples, 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    samples = sample_from_probs(probs, uniforms)[:, 0]
     assert _chi_square_p_value(samples, (logits / temperature).softmax(-1)) > P_VALUE_MIN
 
 

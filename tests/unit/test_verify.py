@@ -67,8 +67,8 @@ def test_sampling_with_one_hot_target_equals_greedy():
     target_probs = torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
     draft_probs = torch.rand(3, 3, VOCAB_SIZE, generator=torch.Generator().manual_seed(1))
     draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)  # the draft may even sample
-    uniforms, exponentials = draw_noise([None, None, None], 3, VOCAB_SIZE, "cpu")
-    out = verify_sampling(target_probs, draft_probs, drafts, uniforms, exponentials)
+    uniforms, token_uniforms = draw_noise([None, None, None], 3, "cpu")
+    out = verify_sampling(target_probs, draft_probs, drafts, uniforms, token_uniforms)
     expected = verify_greedy(greedy_argmax(logits), drafts)
     assert torch.equal(out.output_ids, expected.output_ids)
     assert torch.equal(out.num_accepted, expected.num_accepted)
@@ -82,9 +82,9 @@ def _one_position(p: list[float], q: list[float]) -> tuple[torch.Tensor, torch.T
 
 def test_sampling_acceptance_threshold_is_p_over_q():
     target_probs, draft_probs = _one_position([0.3, 0.7, 0.0, 0.0], [0.6, 0.2, 0.2, 0.0])
-    exponentials = torch.ones(1, 4)
-    accepted = verify_sampling(target_probs, draft_probs, torch.tensor([[0]]), torch.tensor([[0.49]]), exponentials)
-    rejected = verify_sampling(target_probs, draft_probs, torch.tensor([[0]]), torch.tensor([[0.51]]), exponentials)
+    token_uniforms = torch.zeros(1, dtype=torch.float64)
+    accepted = verify_sampling(target_probs, draft_probs, torch.tensor([[0]]), torch.tensor([[0.49]]), token_uniforms)
+    rejected = verify_sampling(target_probs, draft_probs, torch.tensor([[0]]), torch.tensor([[0.51]]), token_uniforms)
     assert accepted.num_accepted.item() == 1 and accepted.output_ids[0, 0].item() == 0
     assert rejected.num_accepted.item() == 0
     # Residual max(p - q, 0) = [0, 0.5, 0, 0]: the recovered token is 1 whatever the noise.
@@ -94,10 +94,10 @@ def test_sampling_acceptance_threshold_is_p_over_q():
 
 def test_sampling_draft_prob_zero_is_safe():
     target_probs, draft_probs = _one_position([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0])
-    exponentials = torch.ones(1, 4)
-    accepted = verify_sampling(target_probs, draft_probs, torch.tensor([[1]]), torch.tensor([[0.9]]), exponentials)
+    token_uniforms = torch.full((1,), 0.999, dtype=torch.float64)
+    accepted = verify_sampling(target_probs, draft_probs, torch.tensor([[1]]), torch.tensor([[0.9]]), token_uniforms)
     assert accepted.num_accepted.item() == 1          # q(x) = 0 < p(x): min(1, p/q) = 1
-    rejected = verify_sampling(target_probs, draft_probs, torch.tensor([[3]]), torch.tensor([[0.0]]), exponentials)
+    rejected = verify_sampling(target_probs, draft_probs, torch.tensor([[3]]), torch.tensor([[0.0]]), token_uniforms)
     assert rejected.num_accepted.item() == 0          # p(x) = q(x) = 0
     assert rejected.next_ids.item() in (0, 1)
 
@@ -105,16 +105,16 @@ def test_sampling_draft_prob_zero_is_safe():
 def test_sampling_zero_residual_falls_back_to_target():
     # p == q and the drafted token has p = q = 0: residual is all zero, so draw from p.
     target_probs, draft_probs = _one_position([0.5, 0.5, 0.0, 0.0], [0.5, 0.5, 0.0, 0.0])
-    exponentials = torch.tensor([[1.0, 0.1, 1.0, 1.0]])
-    out = verify_sampling(target_probs, draft_probs, torch.tensor([[2]]), torch.tensor([[0.3]]), exponentials)
+    token_uniforms = torch.tensor([0.75], dtype=torch.float64)   # past p's first half: token 1
+    out = verify_sampling(target_probs, draft_probs, torch.tensor([[2]]), torch.tensor([[0.3]]), token_uniforms)
     assert out.num_accepted.item() == 0 and out.next_ids.item() == 1
 
 
 def test_sampling_bonus_is_drawn_from_the_last_position():
     target_probs = torch.tensor([[[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]]])
-    exponentials = torch.tensor([[0.01, 1.0, 1.0]])  # token 0 (p 0 at position 0, 0.2 at 1) wins the race
+    token_uniforms = torch.tensor([0.1], dtype=torch.float64)  # token 0 (p 0 at position 0, 0.2 at 1)
     out = verify_sampling(target_probs, target_probs[:, :1], torch.tensor([[1]]), torch.tensor([[0.99]]),
-                          exponentials)
+                          token_uniforms)
     assert out.output_ids.tolist() == [[1, 0]] and out.num_accepted.tolist() == [1]
 
 
@@ -139,13 +139,13 @@ def _draw_and_verify(target: list[list[float]], draft: list[list[float]], seed: 
     num_drafted, vocab_size = len(draft), len(target[0])
     target_probs = torch.tensor(target).expand(NUM_SAMPLES, -1, -1)
     draft_probs = torch.tensor(draft).expand(NUM_SAMPLES, -1, -1)
-    draft_noise = torch.empty(NUM_SAMPLES, num_drafted, vocab_size).exponential_(generator=generator)
+    draft_noise = torch.rand(NUM_SAMPLES, num_drafted, generator=generator, dtype=torch.float64)
     draft_target_ids = sample_from_probs(draft_probs, draft_noise)
     uniforms = torch.rand(NUM_SAMPLES, num_drafted, generator=generator)
     if always_accept:
         uniforms = torch.zeros_like(uniforms)
-    exponentials = torch.empty(NUM_SAMPLES, vocab_size).exponential_(generator=generator)
-    out = verify_sampling(target_probs, draft_probs, draft_target_ids, uniforms, exponentials)
+    token_uniforms = torch.rand(NUM_SAMPLES, generator=generator, dtype=torch.float64)
+    out = verify_sampling(target_probs, draft_probs, draft_target_ids, uniforms, token_uniforms)
     return out, target_probs, draft_probs
 
 
@@ -194,7 +194,7 @@ def test_statistic_detects_recovering_from_target_instead_of_residual():
     """Negative control: on rejection, drawing from p rather than max(p - q, 0) biases the output."""
     out, target_probs, _ = _draw_and_verify(TARGET, DRAFT_CASES["different"], seed=13)
     rejected_at_0 = out.num_accepted == 0
-    noise = torch.empty(NUM_SAMPLES, len(TARGET[0])).exponential_(generator=torch.Generator().manual_seed(14))
+    noise = torch.rand(NUM_SAMPLES, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
     wrong_first = torch.where(rejected_at_0, sample_from_probs(target_probs[:, 0], noise), out.output_ids[:, 0])
     assert _chi_square_p_value(wrong_first, TARGET[0]) < P_VALUE_MIN
 
@@ -220,12 +220,63 @@ def test_sampling_ragged_row_equals_that_row_verified_alone(seed):
     draft_probs = torch.softmax(torch.randn(batch, k, VOCAB_SIZE, generator=generator) * 2, -1)
     drafts = torch.multinomial(draft_probs.flatten(0, 1), 1, generator=generator).view(batch, k)
     uniforms = torch.rand(batch, k, generator=generator)
-    exponentials = torch.empty(batch, VOCAB_SIZE).exponential_(generator=generator)
+    token_uniforms = torch.rand(batch, generator=generator, dtype=torch.float64)
     counts = torch.tensor([4, 0, 2, 1])
-    ragged = verify_sampling(target_probs, draft_probs, drafts, uniforms, exponentials, num_draft_tokens=counts)
+    ragged = verify_sampling(target_probs, draft_probs, drafts, uniforms, token_uniforms, num_draft_tokens=counts)
     for row, n in enumerate(counts.tolist()):
         alone = verify_sampling(target_probs[row:row + 1, :n + 1], draft_probs[row:row + 1, :n],
-                                drafts[row:row + 1, :n], uniforms[row:row + 1, :n], exponentials[row:row + 1])
+                                drafts[row:row + 1, :n], uniforms[row:row + 1, :n], token_uniforms[row:row + 1])
         assert ragged.num_accepted[row].item() == alone.num_accepted.item()
         assert ragged.next_ids[row].item() == alone.next_ids.item()
         assert ragged.output_ids[row, :n + 1].tolist() == alone.output_ids[0].tolist()
+
+
+# --- q over the draft's own columns (TLI, d2t): never scattered into [B, k, V_target] --------------------------
+def _columns_case(seed: int, batch: int = 64, k: int = 3, vocab_size: int = 40, num_columns: int = 15):
+    """p over the target vocabulary, q over num_columns draft columns mapped injectively into it."""
+    generator = torch.Generator().manual_seed(seed)
+    target_probs = torch.softmax(torch.randn(batch, k + 1, vocab_size, generator=generator) * 2, -1)
+    column_to_target = torch.randperm(vocab_size, generator=generator)[:num_columns]            # [N]
+    head_probs = torch.softmax(torch.randn(batch, k, num_columns, generator=generator) * 2, -1)  # [B, k, N]
+    columns = sample_from_probs(head_probs, torch.rand(batch, k, generator=generator, dtype=torch.float64))
+    dense = torch.zeros(batch, k, vocab_size).scatter_(-1, column_to_target.expand(batch, k, -1), head_probs)
+    uniforms = torch.rand(batch, k, generator=generator)
+    token_uniforms = torch.rand(batch, generator=generator, dtype=torch.float64)
+    return target_probs, head_probs, dense, columns, column_to_target, uniforms, token_uniforms
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sampling_draft_columns_decide_as_the_dense_scatter(seed):
+    """q over columns + column_to_target gives bit for bit the decisions of q scattered into the target vocabulary
+    (same noise, ragged counts included): p - q where q lives, p elsewhere."""
+    target_probs, head_probs, dense, columns, column_to_target, uniforms, token_uniforms = _columns_case(seed)
+    counts = torch.randint(0, 4, (target_probs.shape[0],), generator=torch.Generator().manual_seed(seed))
+    draft_target_ids = column_to_target[columns]
+    for num_draft_tokens in (None, counts):
+        expected = verify_sampling(target_probs, dense, draft_target_ids, uniforms, token_uniforms, num_draft_tokens)
+        out = verify_sampling(target_probs, head_probs, draft_target_ids, uniforms, token_uniforms, num_draft_tokens,
+                              draft_columns=columns, column_to_target=column_to_target)
+        assert torch.equal(out.num_accepted, expected.num_accepted)
+        assert torch.equal(out.output_ids, expected.output_ids)
+    # The rows disagree somewhere, so residual draws (where the two layouts differ in memory) took place.
+    assert (expected.num_accepted < 3).any() and (expected.num_accepted > 0).any()
+
+
+def test_sampling_draft_columns_emit_target_distribution_and_control():
+    """Chi-square over many rows: the first emitted token follows p_0 with q on 3 of 6 target ids through columns;
+    negative control: reading the columns as target ids (a forgotten column_to_target) is detected."""
+    num_columns, column_to_target = 3, torch.tensor([5, 1, 3])
+    q = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])                     # [k=2, N]
+    generator = torch.Generator().manual_seed(21)
+    target_probs = torch.tensor(TARGET).expand(NUM_SAMPLES, -1, -1)
+    head_probs = q.expand(NUM_SAMPLES, -1, -1)
+    columns = sample_from_probs(head_probs, torch.rand(NUM_SAMPLES, 2, generator=generator, dtype=torch.float64))
+    uniforms = torch.rand(NUM_SAMPLES, 2, generator=generator)
+    token_uniforms = torch.rand(NUM_SAMPLES, generator=generator, dtype=torch.float64)
+    out = verify_sampling(target_probs, head_probs, column_to_target[columns], uniforms, token_uniforms,
+                          draft_columns=columns, column_to_target=column_to_target)
+    assert 0 < (out.num_accepted >= 1).double().mean() < 1
+    assert _chi_square_p_value(out.output_ids[:, 0], TARGET[0]) > P_VALUE_MIN
+    wrong = verify_sampling(target_probs, head_probs, column_to_target[columns], uniforms, token_uniforms,
+                            draft_columns=columns, column_to_target=torch.arange(num_columns))
+    assert _chi_square_p_value(wrong.output_ids[:, 0], TARGET[0]) < P_VALUE_MIN

@@ -1,0 +1,112 @@
+"""Sampled decoding against greedy decoding, in one process, interleaved (issue: sampling at the speed of greedy).
+
+For the target alone and TLI (the shipped pair, default speculative settings: num_speculative_tokens 5,
+adaptive), at batch 1 (one prompt at a time) and batch 16 (all prompts together): tok/s greedy and at
+temperature 0.7 (each request seeded), medians of --repeats interleaved rounds after a warm-up. Each
+(contender, batch, mode) has its own LLM, so adaptive speculation learns the costs of one kind of traffic.
+The headline is sampled / greedy tok/s of the same contender and batch, a ratio from one schedule.
+A round runs every setting once, in an order rotated from round to round, so drift hits all alike.
+
+    python bench/sampling_speed.py --out bench/results/<date>-sampling/speed.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from anydraft import LLM, SamplingParams
+from anydraft.eval import gsm8k
+from anydraft.metrics import SpecStats
+from anydraft.model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from anydraft.provenance import provenance
+
+MODES = {"greedy": 0.0, "sampled": 0.7}
+
+
+def timed(llm: LLM, prompts: list[str], params: list[SamplingParams], batch: int) -> tuple[float, int]:
+    """tok/s of decoding `prompts` `batch` at a time, and the tokens generated."""
+    tokens, start = 0, time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        for out in llm.generate(prompts[i:i + batch], params[i:i + batch]):
+            tokens += len(out.outputs[0].token_ids)
+    return tokens / (time.perf_counter() - start), tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--data", default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    questions = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[:args.num_prompts]
+    prompts = [gsm8k.build_prompt(q["question"], [], None, False) for q in questions]
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    contenders = {"target alone": None, "TLI": {"model": args.draft}}
+
+    plan = [(name, batch, mode) for name in contenders for batch in batch_sizes for mode in MODES]
+    llms = {(name, batch, mode): LLM(args.target, spec, max_num_seqs=batch)
+            for name, spec in contenders.items() for batch in batch_sizes for mode in MODES}
+
+    def params(mode: str, round_index: int) -> list[SamplingParams]:
+        # A fresh seed per request and round: every round samples new text, as served traffic would.
+        return [SamplingParams(temperature=MODES[mode], max_tokens=args.max_tokens,
+                               seed=None if MODES[mode] == 0 else 1000 * round_index + i)
+                for i in range(len(prompts))]
+
+    for key in plan:   # warm-up (and adaptive's first cost observations)
+        timed(llms[key], prompts[:key[1]], params(key[2], 0), key[1])
+    for llm in llms.values():
+        llm.engine.stats = SpecStats(llm.engine.k)   # count only the measured rounds
+    rates: dict[tuple, list[float]] = {key: [] for key in plan}
+    tokens: dict[tuple, int] = {key: 0 for key in plan}
+    for repeat in range(args.repeats):
+        order = plan[repeat % len(plan):] + plan[:repeat % len(plan)]
+        for key in order:
+            rate, n = timed(llms[key], prompts, params(key[2], repeat + 1), key[1])
+            rates[key].append(rate)
+            tokens[key] += n
+            print(f"round {repeat}: {key[0]} batch {key[1]} {key[2]}: {rate:.1f} tok/s", flush=True)
+
+    result = {**provenance(llms[plan[-1]], torch_threads=args.threads),
+              "command": "python bench/sampling_speed.py " + " ".join(
+                  f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+              "config": {**vars(args), "temperatures": MODES, "speculative_config": contenders["TLI"]},
+              "runs": {}, "ratios": {}}
+    for key, values in rates.items():
+        stats = llms[key].stats
+        result["runs"][" ".join(map(str, key))] = {
+            "contender": key[0], "batch": key[1], "mode": key[2], "temperature": MODES[key[2]],
+            "tokens_per_second_median": statistics.median(values), "tokens_per_second_all": values,
+            "tokens": tokens[key], "acceptance_length": stats.acceptance_length,
+            "k_histogram": {str(k): v for k, v in sorted(getattr(stats, "k_histogram", {}).items())},
+            "seconds_split": {"draft": stats.draft_seconds, "target": stats.target_seconds,
+                              "other": stats.other_seconds}}
+    for name in contenders:
+        for batch in batch_sizes:
+            per_round = [s / g for s, g in zip(rates[(name, batch, "sampled")], rates[(name, batch, "greedy")])]
+            result["ratios"][f"{name} batch {batch} sampled / greedy"] = {
+                "median_of_medians": statistics.median(rates[(name, batch, "sampled")])
+                / statistics.median(rates[(name, batch, "greedy")]),
+                "per_round": per_round}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({"ratios": {k: round(v["median_of_medians"], 3) for k, v in result["ratios"].items()},
+                      "tok/s": {k: round(v["tokens_per_second_median"], 1) for k, v in result["runs"].items()},
+                      "AL": {k: round(v["acceptance_length"], 3) for k, v in result["runs"].items()
+                             if v["contender"] != "target alone"}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
