@@ -22,35 +22,21 @@ import torch
 
 import train as T
 from anydraft.model.kv_cache import KVCache
-
-
-def byte_decoder():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+from anydraft.tokenizer import Tokenizer
+from anydraft.vocab.token_bytes import TokenKind
 
 
 _VOCAB_BYTES = {}
 
 
 def vocab_bytes(tok_name):
-    """id -> bytes for regular (byte-level BPE) tokens; None for added/special tokens."""
+    """id -> bytes for regular tokens (byte-level BPE, or SentencePiece `▁` / `<0xNN>` pieces, as anydraft reads
+    them); None for added/special tokens."""
     if tok_name not in _VOCAB_BYTES:
-        data = json.loads((T.TOKENIZERS / tok_name / "tokenizer.json").read_text())
-        dec = byte_decoder()
-        n = T.tokenizer(tok_name).get_vocab_size()
-        out = [None] * n
-        for s, i in data["model"]["vocab"].items():
-            out[i] = bytes(dec[c] for c in s)
-        for a in data.get("added_tokens", []):
-            out[a["id"]] = None
-        _VOCAB_BYTES[tok_name] = out
+        table = Tokenizer.from_dir(T.TOKENIZERS / tok_name).token_table
+        matchable = (int(TokenKind.REGULAR), int(TokenKind.BYTE_FALLBACK))
+        _VOCAB_BYTES[tok_name] = [b if int(k) in matchable else None
+                                  for b, k in zip(table.token_bytes, table.token_kinds)]
     return _VOCAB_BYTES[tok_name]
 
 
@@ -74,8 +60,8 @@ def perplexity(name, rows):
     pos_of[nz] = torch.arange(len(nz))
     nll, count = 0.0, 0
     for r in rows:
-        p = tok.encode(T.prompt_text(r["question"]), add_special_tokens=False).ids
-        full = tok.encode(T.doc_text(r["question"], r["answer"]), add_special_tokens=False).ids + [eos]
+        p = T.encode(spec, tok, [T.prompt_text(r["question"])])[0]
+        full = T.encode(spec, tok, [T.doc_text(r["question"], r["answer"])])[0] + [eos]
         assert full[:len(p)] == p
         h = model(torch.tensor([full[:-1]]))[0, len(p) - 1:]
         logits = h @ W.T
@@ -89,14 +75,16 @@ def perplexity(name, rows):
 
 
 @torch.no_grad()
-def draft_match_flags(draft, dcfg, dtok_name, ttok_name, prompt_text, target_ids, inter_mask):
+def draft_match_flags(draft, dspec, ttok_name, prompt_text, target_ids, inter_mask):
     """Per target token of the completion: does the draft (teacher-forced on the text) predict exactly it?"""
+    dtok_name = dspec["tok"]
     tbytes, dbytes = vocab_bytes(ttok_name), vocab_bytes(dtok_name)
     dtok = T.tokenizer(dtok_name)
     comp = b"".join(tbytes[i] or b"" for i in target_ids)
     text = prompt_text + comp.decode("utf-8", errors="replace")
-    d_ids = dtok.encode(text, add_special_tokens=False).ids
-    starts, off = {}, 0
+    d_ids = T.encode(dspec, dtok, [text])[0]
+    # a SentencePiece draft spells the text with a dummy-prefix space: its offsets start that much earlier
+    starts, off = {}, len(text.encode()) - sum(len(dbytes[i] or b"") for i in d_ids)
     for j, i in enumerate(d_ids):
         starts[off] = j
         off += len(dbytes[i] or b"")
@@ -150,27 +138,35 @@ def main(args):
     torch.set_num_threads(args.threads)
     test = T.load_jsonl(T.DATA / "test.jsonl")
     report = dict(ppl={}, samples={}, proxy={}, latency_ms={})
-    names = ["qwen3-target", "smollm2-target", "qwen3-draft", "smollm2-draft"]
-    for name in names:
+    wanted = [n for n in T.SPECS if not args.only or args.only in n]
+    pairs = [(t, d) for t, d in T.EVAL_PAIRS if not args.only or args.only in t or args.only in d]
+    for name in wanted:
         ppl, n = perplexity(name, test[:args.ppl_n])
         report["ppl"][name] = dict(ppl=round(ppl, 3), answer_tokens=n, questions=args.ppl_n)
         print(f"{name}: perplexity {ppl:.3f} over {n} answer tokens of {args.ppl_n} test questions", flush=True)
-    for target, draft in T.PAIRS.items():
+    prompts = [T.prompt_text(r["question"]) for r in test[:args.n]]
+    target_gens = {}
+    for target, draft in pairs:
         ts, ds = T.SPECS[target], T.SPECS[draft]
-        tmodel, tcfg = T.load_shipped(target, torch.bfloat16)
         ttok = T.tokenizer(ts["tok"])
         eos = ttok.token_to_id(ts["eos"])
-        prompts = [T.prompt_text(r["question"]) for r in test[:args.n]]
-        gens = T.greedy_generate(tmodel, tcfg, [ttok.encode(p, add_special_tokens=False).ids for p in prompts],
-                                 150, eos, ttok.get_vocab_size())
+        if target not in target_gens:
+            tmodel, tcfg = T.load_shipped(target, torch.bfloat16)
+            target_gens[target] = T.greedy_generate(tmodel, tcfg, T.encode(ts, ttok, prompts), 150, eos,
+                                                    ttok.get_vocab_size())
+            report["samples"][target] = [dict(question=test[i]["question"],
+                                              completion=ttok.decode([x for x in target_gens[target][i] if x != eos]))
+                                         for i in range(3)]
+            for s in report["samples"][target]:
+                print(f"--- {target}: {s['question']}\n{s['completion']}", flush=True)
         dmodel, dcfg = T.load_shipped(draft, torch.float32)
         inter = intersection_ids(ds["tok"], ts["tok"])
         inter_mask = torch.zeros(dcfg.vocab_size, dtype=torch.bool)
         inter_mask[torch.tensor(inter)] = True
         all_flags, steps = [], 0
-        for p, g in zip(prompts, gens):
+        for p, g in zip(prompts, target_gens[target]):
             g = [i for i in g if i != eos]
-            flags = draft_match_flags(dmodel, dcfg, ds["tok"], ts["tok"], p, g, inter_mask)
+            flags = draft_match_flags(dmodel, ds, ts["tok"], p, g, inter_mask)
             all_flags += flags
             steps += simulate_al(flags)[1]
         a = sum(all_flags) / len(all_flags)
@@ -180,26 +176,26 @@ def main(args):
             intersection=len(inter), target_tokens=len(all_flags), questions=args.n)
         print(f"{target}+{draft}: per-token match {a:.3f}, AL(k=3) formula {1 + a + a*a + a**3:.3f}, "
               f"simulated {al_sim:.3f}  (intersection {len(inter)} rows)", flush=True)
-        report["samples"][target] = [dict(question=test[i]["question"],
-                                          completion=ttok.decode([x for x in gens[i] if x != eos]))
-                                     for i in range(3)]
-        for s in report["samples"][target]:
-            print(f"--- {target}: {s['question']}\n{s['completion']}", flush=True)
-    lat = {}
-    for name in names:
-        spec = T.SPECS[name]
-        model, cfg = T.load_shipped(name, torch.bfloat16)
-        W = model.lm_head.weight
-        if name.endswith("draft"):
-            other = T.SPECS[[t for t, d in T.PAIRS.items() if d == name][0]]["tok"]
-            W = W[torch.tensor(intersection_ids(spec["tok"], other))].contiguous()
-        lat[name] = (model, cfg, W)
+    # latency: each target with its full head; each draft with its head pruned to the intersection with the
+    # pair's target vocabulary (what TLI runs), so a draft is timed once per target tokenizer
+    lat, loaded = {}, {}
+    for target, draft in pairs:
+        for name in (target, draft):
+            if name not in loaded:
+                loaded[name] = T.load_shipped(name, torch.bfloat16)
+        model, cfg = loaded[target]
+        lat[target] = (model, cfg, model.lm_head.weight)
+        model, cfg = loaded[draft]
+        ttok = T.SPECS[target]["tok"]
+        rows = torch.tensor(intersection_ids(T.SPECS[draft]["tok"], ttok))
+        lat[f"{draft}@{ttok}"] = (model, cfg, model.lm_head.weight[rows].contiguous())
     ms = decode_latency(lat)
     report["latency_ms"] = {k: round(v, 3) for k, v in ms.items()}
-    for target, draft in T.PAIRS.items():
-        r = ms[target] / ms[draft]
+    for target, draft in pairs:
+        d = f"{draft}@{T.SPECS[target]['tok']}"
+        r = ms[target] / ms[d]
         report["latency_ms"][f"ratio {target}/{draft}"] = round(r, 2)
-        print(f"latency bf16 b=1: {target} {ms[target]:.2f} ms, {draft} {ms[draft]:.2f} ms, ratio {r:.2f}", flush=True)
+        print(f"latency bf16 b=1: {target} {ms[target]:.2f} ms, {d} {ms[d]:.2f} ms, ratio {r:.2f}", flush=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=2)
     print(f"wrote {args.out}")

@@ -5,20 +5,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p runs/logs
-both() {  # run two commands in parallel, fail if either fails
-  "${@:1:$#/2}" > "runs/logs/$LOG1.log" 2>&1 & p1=$!
-  "${@:$#/2+1}" > "runs/logs/$LOG2.log" 2>&1 & p2=$!
+both() {  # run two commands (separated by ::) in parallel, fail if either fails
+  local i
+  for ((i = 1; i <= $#; i++)); do [[ ${!i} == "::" ]] && break; done
+  "${@:1:i-1}" > "runs/logs/$LOG1.log" 2>&1 & p1=$!
+  "${@:i+1}" > "runs/logs/$LOG2.log" 2>&1 & p2=$!
   wait $p1; wait $p2
 }
 LOG1=qwen3-target LOG2=smollm2-target both \
-  python train/train.py train qwen3-target --threads 1 \
+  python train/train.py train qwen3-target --threads 1 :: \
   python train/train.py train smollm2-target --threads 1
 LOG1=distill-qwen3-target LOG2=distill-smollm2-target both \
-  python train/train.py distill qwen3-target --threads 1 \
+  python train/train.py distill qwen3-target --threads 1 :: \
   python train/train.py distill smollm2-target --threads 1
 LOG1=smollm2-draft LOG2=qwen3-draft both \
-  python train/train.py train smollm2-draft --distill qwen3-target --threads 1 \
+  python train/train.py train smollm2-draft --distill qwen3-target --threads 1 :: \
   python train/train.py train qwen3-draft --distill smollm2-target --threads 1
 # smollm2-target: 10 -> 15 layers after the drafts (qwen3-draft was distilled from the 10-layer model)
 python train/train.py grow smollm2-target --threads 1 > runs/logs/smollm2-target-grow.log 2>&1
+# the SentencePiece family: mistral-draft is distilled from qwen3-target's answers (stage 2), so both train at once
+LOG1=mistral-target LOG2=mistral-draft both \
+  python train/train.py train mistral-target --threads 1 :: \
+  python train/train.py train mistral-draft --distill qwen3-target --threads 1
 python train/train.py eval --threads 1 | tee runs/logs/eval.log

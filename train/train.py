@@ -1,12 +1,15 @@
-"""Train the embedded model family (issue #4): two targets and two drafts on GSM8K, on CPU.
+"""Train the embedded model family (issues #4, #15): three targets and three drafts on GSM8K, on CPU.
 
-    models/qwen3-target    Qwen3ForCausalLM  qwen3 tokenizer   (151936 vocab rows, 151669 tokens)
-    models/qwen3-draft     Qwen3ForCausalLM  qwen3 tokenizer
-    models/smollm2-target  LlamaForCausalLM  smollm2 tokenizer (49152 vocab rows)
-    models/smollm2-draft   LlamaForCausalLM  smollm2 tokenizer
+    models/qwen3-target    Qwen3ForCausalLM    qwen3 tokenizer        (151936 vocab rows, 151669 tokens)
+    models/qwen3-draft     Qwen3ForCausalLM    qwen3 tokenizer
+    models/smollm2-target  LlamaForCausalLM    smollm2 tokenizer      (49152 vocab rows)
+    models/smollm2-draft   LlamaForCausalLM    smollm2 tokenizer
+    models/mistral-target  MistralForCausalLM  mistral_v0.1 tokenizer (32000 rows; SentencePiece, byte fallback)
+    models/mistral-draft   MistralForCausalLM  mistral_v0.1 tokenizer
 
-Pairs used for verification (vocabularies differ in both directions):
+Pairs used for verification (vocabularies differ in both directions; byte-level BPE with SentencePiece):
     qwen3-target   + smollm2-draft        smollm2-target + qwen3-draft
+    qwen3-target   + mistral-draft        mistral-target + qwen3-draft   (and mistral-target + smollm2-draft)
 
 Exact commands (run from the repository root; every stage is seeded and resumable: rerunning a
 command continues from runs/<name>/ckpt.pt; CI never runs this):
@@ -18,6 +21,8 @@ command continues from runs/<name>/ckpt.pt; CI never runs this):
     python train/train.py train smollm2-draft --distill qwen3-target --threads 1   # stage 3 (671 s,
     python train/train.py train qwen3-draft --distill smollm2-target --threads 1   #   705 s, side by side)
     python train/train.py grow smollm2-target --threads 1            # stage 4: 10 -> 15 layers (123 s)
+    python train/train.py train mistral-target --threads 1           # stage 5 (side by side, see
+    python train/train.py train mistral-draft --distill qwen3-target --threads 1   #   train/README.md)
     python train/train.py eval --threads 1                           # perplexity, samples, proxy AL, latency
 
 Or everything in order: `bash train/run_all.sh` (logs in runs/). Wall times measured on the 2-core
@@ -25,8 +30,10 @@ build machine (shared with other jobs, so they vary) are in train/README.md.
 
 Design
 - Text: "Question: {question}\nAnswer: {answer}" + the tokenizer's EOS token (qwen3: <|im_end|>,
-  smollm2: <|endoftext|>); no BOS (neither tokenizer adds one). One example per row, rows bucketed by
-  length, loss on every token.
+  smollm2: <|endoftext|>, mistral: </s>), encoded as each tokenizer encodes by default: no BOS for qwen3
+  and smollm2 (their tokenizers add none), <s> first for mistral (its post-processor prepends it, so the
+  engine, transformers and vLLM all feed it). One example per row, rows bucketed by length, loss on
+  every token.
 - Compact vocabulary: only the ids that occur in the training text (+ EOS) get a trainable row. All
   other rows of the exported embedding (tied with the output head) are exactly zero, so their logit is
   exactly 0; the training loss accounts for them in closed form: logsumexp over
@@ -35,9 +42,10 @@ Design
   nothing in git while the checkpoint stays a standard HF checkpoint.
 - Sizes: decode at batch 1 on CPU is dominated by per-layer overhead, so the targets are deep and
   narrow (>= 4x a draft's per-token latency) and the drafts have 1 layer. smollm2-target was trained
-  with 10 layers, then grown to 15 (see cmd_grow) when 10 measured only 3.8-4.8x qwen3-draft.
-- Drafts are distilled: trained on the original data mixed with their paired target's greedy answers
-  to train questions, re-tokenized with the draft's tokenizer.
+  with 10 layers, then grown to 15 (see cmd_grow) when 10 measured only 3.8-4.8x qwen3-draft;
+  mistral-target (a 32000-row head, cheaper than smollm2's) was trained with 14 layers from the start.
+- Drafts are distilled: trained on the original data mixed with a target's greedy answers to train
+  questions, re-tokenized with the draft's tokenizer (DISTILLED_FROM: always another family's target).
 - bf16 autocast (AMX) with fp32 master weights, AdamW, cosine schedule; weights exported in bf16.
 """
 from __future__ import annotations
@@ -66,22 +74,39 @@ RUNS = ROOT / "runs"
 MODELS = ROOT / "models"
 SEED = 1234
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# copied verbatim from the shared tokenizer folder, with its LICENSE* and SOURCE.txt (mistral_v0.1's SOURCE.txt
+# names tokenizer_config.orig.json, the config as published before tokenizer_class was changed)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer_config.orig.json")
 
-# name -> architecture, tokenizer, vocab rows, shape, schedule
-SPECS = {
-    "qwen3-target": dict(arch="Qwen3ForCausalLM", tok="qwen3", rows=151936, eos="<|im_end|>", bos=None,
-                         hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024),
-    "smollm2-target": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
-                           hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024,
-                           # then grown to 15 layers (identity-initialized layers, fine-tuned): see cmd_grow
-                           grow=dict(layers=15, steps=150, lr=6e-4)),
-    "qwen3-draft": dict(arch="Qwen3ForCausalLM", tok="qwen3", rows=151936, eos="<|im_end|>", bos=None,
-                        hidden=192, layers=1, inter=512, heads=3, kv=1, steps=1800, lr=3e-3, batch=1024),
-    "smollm2-draft": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
-                          hidden=192, layers=1, inter=512, heads=3, kv=1, steps=1800, lr=3e-3, batch=1024),
+# family -> architecture, tokenizer, vocab rows, special tokens. bos_in_text: the tokenizer's own encoding adds
+# BOS (mistral's post-processor prepends <s>, so the engine, transformers and vLLM all feed it): train with it too.
+FAMILIES = {
+    "qwen3": dict(arch="Qwen3ForCausalLM", tok="qwen3", rows=151936, eos="<|im_end|>", bos=None, bos_in_text=False),
+    "smollm2": dict(arch="LlamaForCausalLM", tok="smollm2", rows=49152, eos="<|endoftext|>", bos="<|endoftext|>",
+                    bos_in_text=False),
+    "mistral": dict(arch="MistralForCausalLM", tok="mistral_v0.1", rows=32000, eos="</s>", bos="<s>", bos_in_text=True),
 }
-PAIRS = {"qwen3-target": "smollm2-draft", "smollm2-target": "qwen3-draft"}
+TARGET_SHAPE = dict(hidden=192, layers=10, inter=512, heads=3, kv=1, steps=900, lr=2e-3, batch=1024)
+DRAFT_SHAPE = dict(hidden=192, layers=1, inter=512, heads=3, kv=1, steps=1800, lr=3e-3, batch=1024)
+# name -> family, shape, schedule
+SPECS = {
+    "qwen3-target": dict(FAMILIES["qwen3"], **TARGET_SHAPE),
+    # then grown to 15 layers (identity-initialized layers, fine-tuned): see cmd_grow
+    "smollm2-target": dict(FAMILIES["smollm2"], **TARGET_SHAPE, grow=dict(layers=15, steps=150, lr=6e-4)),
+    # 14 layers from the start: its 32000-row head is cheap, so 10 layers cost < 4x a 1-layer draft
+    "mistral-target": dict(FAMILIES["mistral"], **dict(TARGET_SHAPE, layers=14)),
+    "qwen3-draft": dict(FAMILIES["qwen3"], **DRAFT_SHAPE),
+    "smollm2-draft": dict(FAMILIES["smollm2"], **DRAFT_SHAPE),
+    "mistral-draft": dict(FAMILIES["mistral"], **DRAFT_SHAPE),
+}
+TARGETS = sorted(n for n in SPECS if n.endswith("-target"))
+# draft -> the target whose greedy answers it was distilled from (another family's: a cross-vocabulary pair).
+# mistral-draft: from qwen3-target, the default target, so that qwen3-target + mistral-draft (byte-level BPE
+# target, SentencePiece draft) drafts as well as qwen3-target + smollm2-draft; mistral-target's own pair
+# uses qwen3-draft (distilled from smollm2-target).
+DISTILLED_FROM = {"smollm2-draft": "qwen3-target", "qwen3-draft": "smollm2-target", "mistral-draft": "qwen3-target"}
+# (target, draft) pairs the eval reports: every cross-family pair of a target with a draft
+EVAL_PAIRS = [(t, d) for t in TARGETS for d in sorted(DISTILLED_FROM) if SPECS[t]["tok"] != SPECS[d]["tok"]]
 HEAD_DIM = 64
 
 
@@ -96,6 +121,16 @@ def prompt_text(question: str) -> str:
 
 def doc_text(question: str, answer: str) -> str:
     return f"{prompt_text(question)} {answer}"
+
+
+def encode(spec, tok, texts):
+    """Token ids of texts as the model reads them: the tokenizer's encoding, without specials but the BOS
+    that this family's tokenizer adds by default (bos_in_text)."""
+    enc = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    if spec["bos_in_text"]:
+        bos = tok.token_to_id(spec["bos"])
+        enc = [[bos] + ids for ids in enc]
+    return enc
 
 
 def load_jsonl(path):
@@ -118,9 +153,9 @@ def compact_vocab(tok_name):
         return json.loads(path.read_text())
     tok = tokenizer(tok_name)
     rows = load_jsonl(DATA / "train.jsonl")
-    enc = tok.encode_batch([doc_text(r["question"], r["answer"]) for r in rows], add_special_tokens=False)
     spec = next(s for s in SPECS.values() if s["tok"] == tok_name)
-    used = sorted(set(i for e in enc for i in e.ids) | {tok.token_to_id(spec["eos"])})
+    enc = encode(spec, tok, [doc_text(r["question"], r["answer"]) for r in rows])
+    used = sorted(set(i for ids in enc for i in ids) | {tok.token_to_id(spec["eos"])})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(used))
     return used
@@ -141,11 +176,11 @@ def training_docs(name, distill_from):
         ended += [g["ended"] for g in gen] * 3
         print(f"{name}: {len(gen)} distilled examples from {distill_from} "
               f"({sum(g['ended'] for g in gen)} ended with EOS)", flush=True)
-    enc = tok.encode_batch(texts, add_special_tokens=False)
+    enc = encode(spec, tok, texts)
     used = set(compact_vocab(spec["tok"]))
     docs, dropped = [], 0
     for e, end in zip(enc, ended):
-        ids = e.ids + [eos] if end else e.ids
+        ids = e + [eos] if end else e
         if not all(i in used for i in ids):   # a distilled text with a token the data never had
             dropped += 1
             continue
@@ -456,7 +491,7 @@ def cmd_distill(args):
     with open(out, "a") as f:
         for b0 in range(len(done), len(rows), 256):   # resumable in blocks of 256 questions
             block = rows[b0:b0 + 256]
-            prompts = [tok.encode(prompt_text(r["question"]), add_special_tokens=False).ids for r in block]
+            prompts = encode(spec, tok, [prompt_text(r["question"]) for r in block])
             gens = greedy_generate(model, cfg, prompts, args.max_new, eos, tok.get_vocab_size())
             for r, g in zip(block, gens):
                 ended = bool(g) and g[-1] == eos
@@ -477,11 +512,11 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
     t.add_argument("name", choices=sorted(SPECS))
-    t.add_argument("--distill", choices=sorted(PAIRS), help="also train on this target's greedy answers")
+    t.add_argument("--distill", choices=TARGETS, help="also train on this target's greedy answers")
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--threads", type=int, default=2)
     d = sub.add_parser("distill")
-    d.add_argument("name", choices=sorted(PAIRS))
+    d.add_argument("name", choices=TARGETS)
     d.add_argument("--n", type=int, default=1024)
     d.add_argument("--max-new", type=int, default=200)
     d.add_argument("--threads", type=int, default=2)
@@ -495,6 +530,7 @@ def main():
     e.add_argument("--n", type=int, default=100, help="test questions for the proxy acceptance")
     e.add_argument("--ppl-n", type=int, default=400, help="test questions for perplexity")
     e.add_argument("--out", default=str(RUNS / "eval.json"))
+    e.add_argument("--only", default=None, help="only the models whose name contains this (and their pairs)")
     args = ap.parse_args()
     {"train": cmd_train, "distill": cmd_distill, "grow": cmd_grow, "eval": cmd_eval}[args.cmd](args)
 

@@ -123,4 +123,6 @@ class ModelConfig:
             d["attention_bias"] = self.attention_bias
         if self.architecture == "LlamaForCausalLM":
             d["mlp_bias"] = False
+        if self.architecture == "MistralForCausalLM":
+            d["sliding_window"] = None   # full attention, as our module computes (transformers' default is 4096)
         return d

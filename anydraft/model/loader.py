@@ -14,6 +14,8 @@ from .llama import CausalLM, rope_inv_freq
 from .shapes import SHAPES
 
 BUILTIN_MODELS = ("qwen3-target", "qwen3-draft", "smollm2-target", "smollm2-draft",
+                  # SentencePiece (Mistral v0.1 tokenizer): cross-family pairs with the byte-level BPE ones
+                  "mistral-target", "mistral-draft",
                   # speculators-format drafters for qwen3-target (EAGLE-3, DSpark; -full: no d2t, the target's head)
                   "qwen3-eagle3", "qwen3-eagle3-full", "qwen3-dspark", "qwen3-dspark-full")
 DEFAULT_TARGET, DEFAULT_DRAFT = "qwen3-target", "smollm2-draft"

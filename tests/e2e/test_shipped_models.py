@@ -1,4 +1,4 @@
-"""The four shipped checkpoints (models/, trained by train/train.py) are standard HF checkpoints:
+"""The six shipped checkpoints (models/, trained by train/train.py) are standard HF checkpoints:
 transformers loads them as-is and computes the same logits as anydraft's module."""
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ SHIPPED = {
     "qwen3-draft": ("Qwen3ForCausalLM", 151936, 151669, "<|im_end|>"),
     "smollm2-target": ("LlamaForCausalLM", 49152, 49152, "<|endoftext|>"),
     "smollm2-draft": ("LlamaForCausalLM", 49152, 49152, "<|endoftext|>"),
+    "mistral-target": ("MistralForCausalLM", 32000, 32000, "</s>"),
+    "mistral-draft": ("MistralForCausalLM", 32000, 32000, "</s>"),
 }
 TEXT = ("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
         "How many clips did Natalia sell altogether in April and May?\nAnswer: Natalia sold 48/2 = <<48/2=24>>24 "
@@ -60,3 +62,19 @@ def test_transformers_logits_match_anydraft(name):
         ref = hf(ids).logits
     assert ref.shape == (1, ids.shape[1], rows)
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["mistral-target", "mistral-draft"])
+def test_sentencepiece_models_read_bos_and_spell_text_as_bytes(name):
+    """The mistral models were trained on `<s>` + text (their tokenizer's own encoding): anydraft's tokenizer
+    must add that BOS, and spell `▁` pieces as spaces and `<0xNN>` pieces (the newline) as their byte."""
+    from anydraft.tokenizer import Tokenizer
+    path = MODELS / name
+    tok = Tokenizer.from_dir(path)
+    cfg = json.loads((path / "config.json").read_text())
+    ids = tok.encode(TEXT)
+    assert ids[0] == tok.bos_token_id == cfg["bos_token_id"] == 1
+    assert tok.eos_token_ids == [cfg["eos_token_id"]] == [2]
+    assert tok.token_bytes(ids[1]) == b" Question"   # the dummy-prefix space of the first piece
+    assert b"".join(tok.token_bytes(i) for i in ids[1:]) == b" " + TEXT.encode()
+    assert tok.decode(ids) == TEXT
