@@ -109,4 +109,6 @@ def test_bench_pairs_a_grown_target_with_its_familys_grown_draft():
     assert default_same_vocab_draft("qwen3-target") == "qwen3-draft"
     assert default_same_vocab_draft("qwen3-target@qwen3-1.7b") == "qwen3-draft@qwen3-0.6b"
     assert default_same_vocab_draft("smollm2-target@smollm2-1.7b") == "smollm2-draft@smollm2-135m"
+    assert default_same_vocab_draft("mistral-target") == "mistral-draft"
+    assert default_same_vocab_draft("mistral-target@qwen3-1.7b") is None   # no mistral-family shape to grow into
     assert default_same_vocab_draft("some/dir") is None
