@@ -306,7 +306,8 @@ def cmd_train(args):
     t0 = time.time()
     tokens = 0
     model.train()
-    while step < steps:
+    stop = min(args.stop_at or steps, steps)
+    while step < stop:
         epoch, pos = divmod(step, batches_per_epoch)
         idx = make_batches(docs, epoch, spec["batch"])[pos]
         ids, mask = collate(docs, idx, remap)
@@ -317,11 +318,11 @@ def cmd_train(args):
         optimizer_step(model, opt, loss)
         step += 1
         tokens += int(mask.sum())
-        if step % 10 == 0 or step == steps:
+        if step % 10 == 0 or step == stop:
             el = time.time() - t0
             print(f"{name} step {step}/{steps} ep {epoch} loss {loss.item():.4f} lr {lr:.2e} "
                   f"{tokens/el:.0f} tok/s elapsed {t_prev+el:.0f}s", flush=True)
-        if step % 25 == 0 or step == steps:
+        if step % 25 == 0 or step == stop:
             save_checkpoint(run, ckpt_path, model, opt, step, t_prev + time.time() - t0)
     export(name, model, used, tok)
     print(f"{name}: done, total training wall time {t_prev + time.time() - t0:.0f}s", flush=True)
@@ -514,6 +515,8 @@ def main():
     t.add_argument("name", choices=sorted(SPECS))
     t.add_argument("--distill", choices=TARGETS, help="also train on this target's greedy answers")
     t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--stop-at", type=int, default=None,
+                   help="export at this step of the --steps schedule (its learning rate not yet at the end)")
     t.add_argument("--threads", type=int, default=2)
     d = sub.add_parser("distill")
     d.add_argument("name", choices=TARGETS)
