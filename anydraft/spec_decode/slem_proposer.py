@@ -15,7 +15,7 @@ from ..model.runner import ModelRunner
 from ..tensors import host_to_device
 from ..tokenizer import Tokenizer
 from ..vocab.bridge import VocabBridge
-from ..vocab.resync import DraftResync, ResyncEdit
+from ..vocab.resync import DraftResync
 from ..vocab.slem_window import SlemWindow
 from ..vocab.token_bytes import TokenKind
 from .draft_proposer import DraftModelProposer
