@@ -1,7 +1,7 @@
 """SlemProposer: string-level exact match. The draft writes k tokens freely in its own vocabulary; their text,
 tokenized by the target's tokenizer, is what the target verifies (greedy only).
 
-Per step and row: the draft's k ids -> their bytes -> the target ids of that text that can no longer change
+Per step and row: the draft's k + 1 ids -> their bytes -> the target ids of that text that can no longer change
 (vocab/slem_window.py), at most k, possibly none: the proposal is ragged (Proposal.num_draft_tokens).
 After verification the draft keeps those of its own written tokens that the accepted text spells whole, and
 re-syncs the rest of the text (vocab/resync.py), so it reads the target's text in its own tokenization.
@@ -22,8 +22,8 @@ from .draft_proposer import DraftModelProposer
 from .draft_vocab import DraftVocab, ResyncContextSync
 from .proposer import Proposal, SamplingBatch, empty_proposal
 
-SAMPLING_REFUSAL = ("vocab_mode 'slem' verifies greedily only (no lossless sampling form is known for it); "
-                    "send temperature=0, or use vocab_mode 'tli' to sample")
+SAMPLING_REFUSAL = ("vocab_mode 'slem' decodes greedily only; send temperature=0, or use vocab_mode 'tli' "
+                    "to sample")
 PAD_PROPOSAL = 0   # target id in a row's unused proposal slots (never accepted: past the row's count)
 
 
@@ -63,7 +63,9 @@ class SlemProposer:
             for row in rows:
                 self.written[row] = []
             return empty_proposal(len(rows), self.target_vocab_rows, False, self.device)
-        written = self.writer.propose(rows, None, k).draft_target_ids.tolist()   # [B, k] draft ids: the host sync
+        # One draft token more than k: the text's last target token is held back (a longer text could re-split
+        # it), so k draft tokens of a vocabulary as fine as the target's would fill only k - 1 proposals.
+        written = self.writer.propose(rows, None, k + 1).draft_target_ids.tolist()   # [B, k+1] draft ids: host sync
         proposals = []
         for row, draft_ids in zip(rows, written):
             self.written[row] = draft_ids

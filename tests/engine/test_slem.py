@@ -100,7 +100,7 @@ def test_rows_proposing_different_counts_match_target_alone(slem_models, llms, p
     @torch.inference_mode()
     def from_scratch(row):
         draft_ids, out = list(proposer.writer.states[row].draft_ids), []
-        for _ in range(K):
+        for _ in range(K + 1):   # SLEM's draft writes k + 1 tokens (the last target token is held back)
             draft_id = int(runner.logits(runner.model(torch.tensor([draft_ids]))[:, -1]).argmax(-1))
             out.append(draft_id)
             draft_ids.append(draft_id)
