@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-VOCAB_MODES = ("auto", "identity", "tli", "d2t")
+VOCAB_MODES = ("auto", "identity", "tli", "d2t", "slem")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float64": torch.float64, "fp64": torch.float64, "float16": torch.float16, "fp16": torch.float16}
 

@@ -102,6 +102,9 @@ class Engine:
             prompt = self.tokenizer.decode(prompt_target_ids)
         if not prompt_target_ids:
             raise ValueError("prompt is empty; give at least one token of text")
+        refusal = getattr(self.proposer, "sampling_refusal", None)
+        if refusal and not params.greedy:
+            raise ValueError(refusal)
         if len(prompt_target_ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(prompt_target_ids)} tokens, too long for max_model_len "
                              f"{self.max_model_len} (prompt and output together); raise max_model_len or shorten "
@@ -203,13 +206,15 @@ class Engine:
         sampling = self._sampling_batch(step_requests)
         k = self.k if self.speculation is None else self.speculation.choose(len(rows))   # 0 = plain decode
         proposal = self.proposer.propose(rows, sampling, k)                                # [B, k] target ids
-        row_drafts = [r.params.max_draft_tokens(k) for r in step_requests]   # a request may cap or opt out
+        width = proposal.draft_target_ids.shape[1]   # k, or fewer when every row proposes fewer (ragged, SLEM)
+        counts = proposal.num_draft_tokens or [width] * len(rows)
+        row_drafts = [min(r.params.max_draft_tokens(width), n) for r, n in zip(step_requests, counts)]  # may cap
         t1 = time.perf_counter()
         target_out = self._target_forward(rows, proposal, sampling)          # greedy ids or logits, see below
         t2 = time.perf_counter()
         verdict = self._verify(target_out, proposal, sampling, row_drafts)
         num_accepted, new_target_ids = self._fetch_to_host(verdict)                        # the one sync
-        self.target.cache.rewind(rows, [k - n for n in num_accepted])
+        self.target.cache.rewind(rows, [width - n for n in num_accepted])
         self.proposer.observe(rows, num_accepted, new_target_ids)
         self._record(step_requests, row_drafts, num_accepted, new_target_ids)
         t3 = time.perf_counter()

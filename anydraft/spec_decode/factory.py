@@ -18,7 +18,9 @@ from ..vocab.frequency import load_or_count, most_frequent, specials_among
 from ..vocab.mode_choice import TliCoverage, choose_vocab_mode, tli_coverage
 from ..vocab.resync import DraftResync
 from .draft_proposer import DraftModelProposer
+from .proposer import Proposer
 from .draft_vocab import DraftVocab, ResyncContextSync, SharedVocabSync
+from .slem_proposer import build_slem_proposer
 
 logger = logging.getLogger("anydraft")
 
@@ -37,7 +39,7 @@ def _draft_tokenizer(path, target_tokenizer: Tokenizer, vocab_mode: str) -> Toke
         return Tokenizer.from_dir(path)
     if vocab_mode in ("d2t", "identity", "auto"):
         return target_tokenizer  # EAGLE-style draft heads ship no tokenizer: they share the target's
-    raise ValueError(f"{path}: no tokenizer.json, which vocab_mode 'tli' needs")
+    raise ValueError(f"{path}: no tokenizer.json, which vocab_mode {vocab_mode!r} needs")
 
 
 def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candidate_target_ids: torch.Tensor,
@@ -81,7 +83,7 @@ def _resolve_mode(spec: SpeculativeConfig, bridge: VocabBridge, target_tokenizer
 
 
 def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer: Tokenizer,
-                   max_batch: int, max_model_len: int) -> tuple[DraftModelProposer, dict]:
+                   max_batch: int, max_model_len: int) -> tuple[Proposer, dict]:
     """Returns (proposer, info) where info reports the vocab mode, intersection stats and head savings."""
     dtype = parse_dtype(spec.dtype) if spec.dtype else target.dtype
     device = resolve_device(spec.device) if spec.device else target.device
@@ -99,6 +101,16 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
     bridge = load_or_build_bridge(target_tokenizer, draft_tokenizer, target.vocab_rows, runner.vocab_rows)
     shared_vocabulary = bridge.is_identity or same_vocabulary(target_tokenizer, draft_tokenizer)
     mode, reason, coverage = _resolve_mode(spec, bridge, target_tokenizer, draft_tokenizer, shared_vocabulary, has_d2t)
+    if mode == "slem":   # the draft writes freely in its vocabulary; the target re-tokenizes its text
+        if has_d2t:
+            raise ValueError(f"{path}: a d2t draft head writes target ids already; use vocab_mode 'd2t', not 'slem'")
+        if spec.draft_vocab_size is not None:
+            raise ValueError("vocab_mode 'slem' keeps the draft's whole head (it writes freely); leave "
+                             "draft_vocab_size unset")
+        proposer = build_slem_proposer(runner, bridge, target_tokenizer, draft_tokenizer,
+                                       spec.num_speculative_tokens, spec.resync_window)
+        return proposer, {"vocab_mode": "slem", "vocab_mode_reason": reason, "draft_path": str(path),
+                          "draft_head_rows": runner.head_rows, **({"tli_coverage": coverage} if coverage else {})}
     flops_before = runner.cost_flops_per_token()
     info = {"vocab_mode": mode, "vocab_mode_reason": reason, "draft_path": str(path)}
     if coverage:

@@ -29,6 +29,9 @@ class Proposal:
     # target vocabulary (TLI, d2t) keeps q over its own head rows instead of a [B, k, V_target] scatter:
     draft_columns: torch.Tensor | None = None      # [B, k] column of each proposal in draft_probs
     column_to_target: torch.Tensor | None = None   # [N] target id of each column (injective)
+    # [B] host ints: row i proposes only its first num_draft_tokens[i] ids (0..k; the rest is padding), as SLEM
+    # does when a text spells fewer target tokens than k. None = every row proposes all k.
+    num_draft_tokens: list[int] | None = None
 
 
 def empty_proposal(batch: int, target_vocab_rows: int, sampling: bool, device: torch.device) -> Proposal:
@@ -38,7 +41,10 @@ def empty_proposal(batch: int, target_vocab_rows: int, sampling: bool, device: t
 
 
 class Proposer(Protocol):
-    """Proposes k target tokens per row and keeps its own state in step with the target's accepted text."""
+    """Proposes k target tokens per row and keeps its own state in step with the target's accepted text.
+
+    A proposer that cannot keep sampling lossless sets `sampling_refusal` (a message saying what to change): the
+    engine then refuses requests with temperature > 0."""
 
     num_speculative_tokens: int
 

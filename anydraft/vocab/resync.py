@@ -95,6 +95,13 @@ class DraftResync:
                 keep = min(keep, self._flush(state, force=False))
         return ResyncEdit(num_dropped=start_len - keep, appended=state.draft_ids[keep:])
 
+    def extend_bytes(self, state: ResyncState, data: bytes) -> ResyncEdit:
+        """Append text the target accepted as bytes (SLEM: past the draft's own whole tokens); no specials."""
+        start_len = len(state.draft_ids)
+        state.pending += data
+        keep = self._flush(state, force=False)
+        return ResyncEdit(num_dropped=start_len - keep, appended=state.draft_ids[keep:])
+
     def flush(self, state: ResyncState) -> ResyncEdit:
         """Give the draft any pending bytes now, even an incomplete UTF-8 tail (e.g. at the end)."""
         start_len = len(state.draft_ids)

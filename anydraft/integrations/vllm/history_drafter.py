@@ -130,10 +130,12 @@ class HistoryDrafter:
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         if not slots:
             return out
-        proposals = self.draft.propose(slots, None).draft_target_ids.tolist()   # the step's one host sync
-        for (slot, row, history), proposal in zip(drafted, proposals):
-            self.states.record(slot, history, proposal)
-            out[row] = proposal
+        proposal_batch = self.draft.propose(slots, None)
+        proposals = proposal_batch.draft_target_ids.tolist()   # the step's one host sync
+        counts = proposal_batch.num_draft_tokens or [len(p) for p in proposals]   # ragged (SLEM): a row's own count
+        for (slot, row, history), proposal, count in zip(drafted, proposals, counts):
+            self.states.record(slot, history, proposal[:count])
+            out[row] = proposal[:count]
         return out
 
     def _start(self, slot: int, history: np.ndarray) -> list[int] | None:
