@@ -220,7 +220,8 @@ class Engine:
         t3 = time.perf_counter()
         if self.speculation is not None:
             draft_seconds = None if self._draft_reads_prompts and k else t1 - t0
-            self.speculation.observe_step(len(rows), k, num_accepted, draft_seconds, t2 - t1, t3 - t2)
+            self.speculation.observe_step(len(rows), k, num_accepted, draft_seconds, t2 - t1, t3 - t2,
+                                          row_drafts, width)
         self._draft_reads_prompts = self._draft_reads_prompts and not k
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:

@@ -78,14 +78,16 @@ class AcceptanceEstimate:
         self.tried = self.tried or [0.0] * self.max_k
         self.accepted = self.accepted or [0.0] * self.max_k
 
-    def observe(self, num_drafted: int, num_accepted: list[int]) -> None:
-        """One step: in each row, positions 1..num_accepted were accepted, position num_accepted+1 (if drafted)
-        was rejected, later ones were never decided. Older evidence decays once per step."""
+    def observe(self, num_drafted: list[int], num_accepted: list[int]) -> None:
+        """One step: in each row, positions 1..num_accepted were accepted, position num_accepted+1 (if that row
+        drafted it) was rejected, later ones were never decided. A row that drafted fewer than the step's k (a
+        capped request, a SLEM row) says nothing about the positions it did not draft. Older evidence decays
+        once per step."""
         for i in range(self.max_k):
             self.tried[i] *= DECAY
             self.accepted[i] *= DECAY
-        for accepted in num_accepted:
-            for i in range(min(accepted + 1, num_drafted)):
+        for drafted, accepted in zip(num_drafted, num_accepted):
+            for i in range(min(accepted + 1, drafted, self.max_k)):
                 self.tried[i] += 1.0
                 self.accepted[i] += 1.0 if i < accepted else 0.0
 
@@ -142,11 +144,14 @@ class AdaptiveSpeculation:
         return k
 
     def observe_step(self, rows: int, k: int, num_accepted: list[int], draft_seconds: float | None,
-                     target_seconds: float, host_seconds: float) -> None:
+                     target_seconds: float, host_seconds: float, num_drafted: list[int] | None = None,
+                     width: int | None = None) -> None:
         """What a step of `rows` rows drafting k accepted, and the measured seconds of its parts (draft_seconds
-        None: the draft also read new prompts this step, so its time says nothing of a draft step's cost)."""
-        self.acceptance.observe(k, num_accepted)
-        self.target_cost.observe(rows * (k + 1), target_seconds)
+        None: the draft also read new prompts this step, so its time says nothing of a draft step's cost).
+        num_drafted: each row's own count where it differs from k; width: the drafts per row the target read
+        (default k; fewer when every row proposed fewer)."""
+        self.acceptance.observe([k] * rows if num_drafted is None else num_drafted, num_accepted)
+        self.target_cost.observe(rows * ((k if width is None else width) + 1), target_seconds)
         if k and draft_seconds is not None:
             self.draft_cost.observe(rows, draft_seconds / k)
         self.host_seconds = 0.9 * self.host_seconds + 0.1 * host_seconds if self.host_seconds else host_seconds

@@ -58,7 +58,7 @@ def test_draft_floor_ignores_one_off_work_and_follows_a_real_slowdown():
 def test_expected_tokens_multiplies_conditional_rates():
     estimate = AcceptanceEstimate(3)
     for _ in range(2000):            # position 1 always accepted, position 2 never
-        estimate.observe(3, [1])
+        estimate.observe([3], [1])
     rates = estimate.rates()
     assert rates[0] > 0.94 and rates[1] < 0.06   # ~50 steps of evidence (decay 0.98) against 4 of prior
     assert estimate.expected_tokens(0) == 1.0
@@ -74,7 +74,7 @@ def _calibrated(target_c0, target_c1, draft_c0, draft_c1, accept_all: bool, max_
     for rows in (1, 4, 16):
         spec.draft_cost.observe(rows, draft_c0 + draft_c1 * rows)
     for _ in range(500):
-        spec.acceptance.observe(max_k, [max_k if accept_all else 0])
+        spec.acceptance.observe([max_k], [max_k if accept_all else 0])
     return spec
 
 
@@ -137,3 +137,16 @@ def test_probes_back_off_when_drafting_keeps_losing():
     probes = [i for i, k in enumerate(chosen) if k]
     gaps = [b - a for a, b in zip([-1] + probes, probes)]
     assert gaps == [PROBE_AFTER, 2 * PROBE_AFTER, 4 * PROBE_AFTER]   # each probe that changes nothing waits longer
+
+
+def test_a_row_that_drafted_fewer_says_nothing_of_the_positions_it_did_not_draft():
+    """A request capped at 2 (or a SLEM row proposing 2) in a k = 4 step, all accepted: positions 1-2 accepted,
+    position 3 not tried. Counting it as a rejection dragged the estimate down and stopped drafting for good."""
+    spec = AdaptiveSpeculation(4)
+    spec.observe_step(rows=2, k=4, num_accepted=[2, 1], draft_seconds=0.004, target_seconds=0.01,
+                      host_seconds=0.0, num_drafted=[2, 4], width=4)
+    assert spec.acceptance.tried[:4] == [2.0, 2.0, 0.0, 0.0] and spec.acceptance.accepted[:4] == [2.0, 1.0, 0.0, 0.0]
+    assert spec.target_cost.floors == {10: 0.01}
+    spec.observe_step(rows=2, k=4, num_accepted=[1, 1], draft_seconds=0.004, target_seconds=0.006,
+                      host_seconds=0.0, num_drafted=[1, 2], width=2)   # SLEM: the widest row proposed 2
+    assert spec.target_cost.floors[6] == 0.006
