@@ -62,7 +62,8 @@ class Engine:
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.k = proposer.num_speculative_tokens   # the most tokens a step drafts
         # Adaptive: each step drafts 0..k tokens, whichever maximises expected tokens per second.
-        self.speculation = AdaptiveSpeculation(self.k) if adaptive and self.k else None
+        self.speculation = (AdaptiveSpeculation(self.k, draft_forwards=proposer.draft_forwards)
+                            if adaptive and self.k else None)
         # Prompt + output tokens per request. The target cache holds all but the last of them plus the k+1 of a
         # verification forward, so it needs max_model_len + k entries (LLM allocates that): then speculative
         # and target-alone decoding stop at the same length.

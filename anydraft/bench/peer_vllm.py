@@ -43,7 +43,8 @@ class VLLMContender:
     def __init__(self, name: str, python: str, target: str, draft: str | None, k: int,
                  prompt_target_ids: list[list[int]], max_tokens: int, temperature: float = 0.0,
                  dtype: str = "bfloat16", threads: int = 1, max_model_len: int = 1024, enforce_eager: bool = False,
-                 batch_size: int = 1, startup_timeout: float = 900, request_timeout: float = 600):
+                 batch_size: int = 1, startup_timeout: float = 900, request_timeout: float = 600,
+                 method: str = "draft_model"):
         # Each mode is its own system: its TLI speedup is against its own target alone.
         self.name, self.system = name, "vllm-eager" if enforce_eager else "vllm"
         self.k = k if draft else 0
@@ -55,7 +56,8 @@ class VLLMContender:
                                      stderr=self.log, text=True, bufsize=1, start_new_session=True)
         job = {"target": str(target), "draft": None if draft is None else str(draft), "k": k,
                "max_tokens": max_tokens, "temperature": temperature, "dtype": dtype, "threads": threads,
-               "max_model_len": max_model_len, "enforce_eager": enforce_eager, "max_num_seqs": batch_size}
+               "max_model_len": max_model_len, "enforce_eager": enforce_eager, "max_num_seqs": batch_size,
+               "method": method}
         self._send(job)
         ready = self._receive("READY", startup_timeout)
         self.startup_seconds, self.vllm_version = ready["startup_seconds"], ready["vllm_version"]

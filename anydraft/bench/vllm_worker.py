@@ -3,7 +3,7 @@
 A persistent worker, so the bench can interleave vLLM with the other contenders prompt by prompt.
 Protocol (JSON lines): the first stdin line is the job
     {"target": DIR, "draft": DIR | null, "k": 3, "max_tokens": 128, "temperature": 0.0, "dtype": "bfloat16",
-     "threads": 1, "max_model_len": 1024, "enforce_eager": false, "max_num_seqs": 1}
+     "threads": 1, "max_model_len": 1024, "enforce_eager": false, "max_num_seqs": 1, "method": "draft_model"}
 then the worker loads the model and prints `ANYDRAFT_READY {"startup_seconds": s, "vllm_version": v}`.
 Each further line {"prompt_target_ids": [[...], ...], "max_tokens": N} decodes that group of prompts in one
 llm.generate call (up to max_num_seqs at once; batch 1 = one prompt) and prints
@@ -11,7 +11,8 @@ llm.generate call (up to max_num_seqs at once; batch 1 = one prompt) and prints
 spec-decode counter deltas of that call (zeros for the target alone). "quit" or end of input stops it.
 Prompts come as target ids, tokenized by the caller, so every contender decodes the same input tokens.
 enforce_eager false (default) is vLLM's default mode: torch.compile at startup, then compiled forwards.
-A draft with another vocabulary uses vLLM's TLI: method="draft_model", use_heterogeneous_vocab=True.
+A draft with another vocabulary uses vLLM's TLI: method="draft_model", use_heterogeneous_vocab=True. A
+hidden-state draft (a speculators checkpoint) names its method: "eagle3".
 """
 import json
 import os
@@ -50,8 +51,9 @@ def main() -> int:
     kwargs = dict(model=job["target"], dtype=job.get("dtype", "bfloat16"), max_model_len=job.get("max_model_len", 1024),
                   max_num_seqs=job.get("max_num_seqs", 1), enforce_eager=job.get("enforce_eager", False), disable_log_stats=False, seed=0)
     if job.get("draft"):
-        spec = {"method": "draft_model", "model": job["draft"], "num_speculative_tokens": job["k"]}
-        if job.get("heterogeneous_vocab", True):
+        method = job.get("method", "draft_model")
+        spec = {"method": method, "model": job["draft"], "num_speculative_tokens": job["k"]}
+        if method == "draft_model" and job.get("heterogeneous_vocab", True):
             spec["use_heterogeneous_vocab"] = True
         kwargs["speculative_config"] = spec
     started = time.perf_counter()

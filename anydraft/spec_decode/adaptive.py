@@ -3,9 +3,10 @@ expected tokens per second from running acceptance estimates and a cost model of
 
 Expected tokens of a step that drafts k tokens per row: E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, where a_i is
 the running rate at which position i is accepted given that positions 1..i-1 were (an acceptance at i needs
-all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + k * T_draft(B rows) + T_host, each forward's
-cost a running floor of its measured times at each size, interpolated between sizes (target forwards timed at
-load, then every step refines them). A step that stops drafting still probes now and then, so a cost or rate
+all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + F(k) * T_draft(B rows) + T_host, where F(k)
+is the number of draft forwards a proposal of k costs (the proposer says: k for a draft that writes a token per
+forward, 1 for a block drafter), each forward's cost a running floor of its measured times at each size,
+interpolated between sizes (target forwards timed at load, then every step refines them). A step that stops drafting still probes now and then, so a cost or rate
 measured wrongly once is measured again.
 The choice is per step for the whole batch: every row verifies the same k, so the output stays lossless
 whatever k is (greedy: identical to the target alone; sampling: the same distribution).
@@ -13,6 +14,7 @@ whatever k is (greedy: identical to the target alone; sampling: the same distrib
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 # Prior acceptance for positions never tried yet: optimistic enough that a new draft gets tried at all.
 PRIOR_ACCEPTANCE = 0.7
@@ -103,6 +105,10 @@ class AcceptanceEstimate:
         return total
 
 
+def one_forward_per_token(num_tokens: int) -> int:
+    return num_tokens
+
+
 @dataclass
 class AdaptiveSpeculation:
     """Picks k in 0..max_k for each step; learns from what each step accepted and how long its parts took."""
@@ -112,6 +118,7 @@ class AdaptiveSpeculation:
     draft_cost: FloorCost = field(default_factory=FloorCost)      # one draft forward + head, by rows
     host_seconds: float = 0.0                                      # per step, outside the model forwards
     history: dict[int, int] = field(default_factory=dict)         # k -> steps that used it
+    draft_forwards: Callable[[int], int] = one_forward_per_token   # F(k): the proposer's Proposer.draft_forwards
     _steps_without_drafting: int = 0
     _probe_after: int = PROBE_AFTER
 
@@ -121,8 +128,8 @@ class AdaptiveSpeculation:
 
     def expected_rate(self, rows: int, k: int) -> float:
         """Expected tokens per second of a step over `rows` rows drafting k each."""
-        seconds = (self.target_cost.seconds(rows * (k + 1)) + k * self.draft_cost.seconds(rows)
-                   + self.host_seconds)
+        draft_seconds = self.draft_forwards(k) * self.draft_cost.seconds(rows)
+        seconds = self.target_cost.seconds(rows * (k + 1)) + draft_seconds + self.host_seconds
         return rows * self.acceptance.expected_tokens(k) / seconds if seconds > 0 else float("inf")
 
     def choose(self, rows: int) -> int:
@@ -153,5 +160,5 @@ class AdaptiveSpeculation:
         self.acceptance.observe([k] * rows if num_drafted is None else num_drafted, num_accepted)
         self.target_cost.observe(rows * ((k if width is None else width) + 1), target_seconds)
         if k and draft_seconds is not None:
-            self.draft_cost.observe(rows, draft_seconds / k)
+            self.draft_cost.observe(rows, draft_seconds / self.draft_forwards(k))
         self.host_seconds = 0.9 * self.host_seconds + 0.1 * host_seconds if self.host_seconds else host_seconds

@@ -53,6 +53,10 @@ class DraftModelProposer:
             self.runner.cache.truncate(row, cached)
         return draft_ids[cached:]
 
+    def draft_forwards(self, num_tokens: int) -> int:
+        """The pending tokens and the first draft in one forward, then one per further draft."""
+        return num_tokens
+
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens
         runner, self.num_proposed = self.runner, k

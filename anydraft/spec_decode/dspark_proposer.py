@@ -65,6 +65,10 @@ class DSparkProposer:
         self.module.write_context(context, self.cache, self.cache.window(rows, width, counts))
         self.cache.advance(rows, counts)
 
+    def draft_forwards(self, num_tokens: int) -> int:
+        """One block forward drafts them all (the Markov bias between slots is rank-r, not a forward)."""
+        return 1 if num_tokens else 0
+
     @torch.inference_mode()
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.drafts_per_block)

@@ -67,6 +67,11 @@ class Eagle3Proposer:
         for b, (row, count) in enumerate(zip(rows, counts)):
             self.carried[row] = out[b, count - 1]                  # what the first draft step reads [hidden]
 
+    def draft_forwards(self, num_tokens: int) -> int:
+        """A head per draft and a layer forward between drafts (the verified entries are read at observe, outside
+        the proposal): about one layer-and-head per drafted token."""
+        return num_tokens
+
     @torch.inference_mode()
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens

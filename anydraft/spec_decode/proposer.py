@@ -55,6 +55,10 @@ class Proposer(Protocol):
         """num_tokens proposals (default num_speculative_tokens; 0 = none, a plain target step) for each of
         `rows` (no host sync inside)."""
 
+    def draft_forwards(self, num_tokens: int) -> int:
+        """Draft forwards a proposal of num_tokens costs (adaptive k's cost model scales the measured cost of
+        one by this): num_tokens for a draft that writes one token per forward, 1 for one that writes a block."""
+
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
         """new_target_ids[i]: the tokens appended to row i's target sequence since the last call. After
         verification: the num_accepted[i] accepted proposals, then the recovered or bonus token. After
@@ -75,6 +79,9 @@ class NoDraftProposer:
 
     def add_request(self, row, prompt_text, prompt_target_ids):
         pass
+
+    def draft_forwards(self, num_tokens):
+        return 0
 
     def propose(self, rows, sampling, num_tokens=None):
         return empty_proposal(len(rows), self.target_vocab_rows, sampling is not None, self.device)

@@ -55,6 +55,10 @@ class SlemProposer:
         self.target_tails.pop(row, None)
         self.written.pop(row, None)
 
+    def draft_forwards(self, num_tokens: int) -> int:
+        """The draft writes one token more than it proposes (see propose)."""
+        return self.writer.draft_forwards(num_tokens + 1) if num_tokens else 0
+
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         if sampling is not None:
             raise ValueError(SAMPLING_REFUSAL)

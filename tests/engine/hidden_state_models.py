@@ -97,14 +97,17 @@ def trained_eagle3_draft(target_dir: Path, directory: Path, draft_vocab_size: in
 
 
 def trained_dspark_draft(target_dir: Path, directory: Path, draft_vocab_size: int | None, anchor_first: bool,
-                         steps: int = 60, seed: int = 0) -> Path:
+                         steps: int = 60, seed: int = 0, sampled_prompt: str | None = None) -> Path:
     """A DSpark drafter (block 4, Markov rank 32) trained briefly by train/train_dspark.py on the target's own
-    continuations, in either block layout."""
+    continuations (and, with sampled_prompt, on samples after that prompt), in either block layout."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "train"))
     from train_dspark import train_dspark
+    sequences = target_continuations(target_dir)
+    if sampled_prompt is not None:
+        sequences += sampled_continuations(target_dir, sampled_prompt)
     train_dspark(target_dir, directory, draft_vocab_size, steps=steps, tokens_per_batch=512, lr=2e-2,
-                 anchor_first=anchor_first, sequences=target_continuations(target_dir), seed=seed, log_every=0)
+                 anchor_first=anchor_first, sequences=sequences, seed=seed, log_every=0)
     return directory
 
 
@@ -144,6 +147,14 @@ class HiddenStateCheckpoints:
     def small_dspark_anchor_first(self) -> Path:
         return self._get("small_dspark_anchor_first", lambda d: trained_dspark_draft(
             self.ckpts.small_target, d, 640, anchor_first=True))
+
+    @property
+    def small_dspark_sampling(self) -> Path:
+        """Anchor-first, reduced head (640 rows), also trained on the target's samples after the sampling tests'
+        prompt: acceptance under sampling."""
+        from test_sampling_distribution import PROMPT
+        return self._get("small_dspark_sampling", lambda d: trained_dspark_draft(
+            self.ckpts.small_target, d, 640, anchor_first=True, steps=120, sampled_prompt=PROMPT))
 
     @property
     def small_dspark_fill_in(self) -> Path:

@@ -63,3 +63,13 @@ def test_layout_must_be_stated(ckpts, drafts, tmp_path):
     with pytest.raises(SpeculatorsFormatError, match=r"no_layout/config\.json: sample_from_anchor: missing"):
         LLM(model=str(ckpts.small_target), speculative_config={"model": str(broken), "num_speculative_tokens": 2},
             dtype="float32", device="cpu", max_num_seqs=1, max_model_len=64)
+
+
+def test_adaptive_prices_a_block_as_one_draft_forward(ckpts, drafts, llms, prompts):
+    """Adaptive k (the default) models a DSpark proposal as one forward whatever k it drafts; output unchanged."""
+    llm = llms.get(ckpts.small_target, drafts.small_dspark_anchor_first, k=4, adaptive=True)
+    speculation = llm.engine.speculation
+    assert [speculation.draft_forwards(k) for k in range(5)] == [0, 1, 1, 1, 1]
+    outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    for prompt, output in zip(prompts, outputs):
+        assert output.outputs[0].token_ids == reference_greedy(ckpts.small_target, prompt, MAX_TOKENS)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import PROBE_AFTER, AcceptanceEstimate, AdaptiveSpeculation, FloorCost
+from anydraft.spec_decode.adaptive import (PROBE_AFTER, AcceptanceEstimate, AdaptiveSpeculation, FloorCost,
+                                          one_forward_per_token)
 
 
 def test_first_step_drafts_the_most_to_measure_the_draft():
@@ -150,3 +151,31 @@ def test_a_row_that_drafted_fewer_says_nothing_of_the_positions_it_did_not_draft
     spec.observe_step(rows=2, k=4, num_accepted=[1, 1], draft_seconds=0.004, target_seconds=0.006,
                       host_seconds=0.0, num_drafted=[1, 2], width=2)   # SLEM: the widest row proposed 2
     assert spec.target_cost.floors[6] == 0.006
+
+def _block_drafter_forwards(num_tokens: int) -> int:
+    return 1 if num_tokens else 0
+
+
+@pytest.mark.parametrize("measured_k", [1, 2, 4])
+def test_a_block_drafter_costs_one_forward_whatever_k(measured_k):
+    """A block drafter (DSpark) writes all k drafts in one forward: 12 ms at any k, against a 10 ms target
+    forward for 1 or 5 tokens, and 80-87% acceptance at each position. Drafting 4 then pays (E(4) = 3.7 tokens in
+    22 ms, against 1 token in 10 ms), whichever k its cost was measured at. Modelled as one forward per token,
+    the same measurement at k = 1 prices k = 4 at 48 ms of drafting and stops drafting altogether."""
+    def spec_measured(draft_forwards):
+        spec = AdaptiveSpeculation(4, draft_forwards=draft_forwards)
+        for tokens in (1, 5, 1, 5):
+            spec.target_cost.observe(tokens, 0.010)
+        for _ in range(500):
+            spec.acceptance.observe([4] * 8, [4] * 4 + [3, 2, 1, 0])   # a_i = 0.87, 0.86, 0.83, 0.80
+        spec.observe_step(rows=1, k=measured_k, num_accepted=[measured_k], draft_seconds=0.012,
+                          target_seconds=0.010, host_seconds=0.0)
+        return spec
+
+    block = spec_measured(_block_drafter_forwards)
+    assert block.draft_cost.seconds(1) == pytest.approx(0.012)   # the whole proposal is one forward
+    assert block.choose(rows=1) == 4
+    per_token = spec_measured(one_forward_per_token)
+    assert per_token.draft_cost.seconds(1) == pytest.approx(0.012 / measured_k)
+    if measured_k == 1:
+        assert per_token.choose(rows=1) == 0
