@@ -67,7 +67,8 @@ def markdown_table(result: dict) -> str:
         bandwidth = roofline["bandwidth"]
         lines.append("")
         lines.append(f"Roofline: memory bandwidth {bandwidth['bytes_per_second'] / 1e9:.1f} GB/s (one {bandwidth['dtype']} "
-                     f"GEMV over {bandwidth['bytes'] / 1e9:.2f} GB, as many bytes as the target's weights, "
+                     f"GEMV over {bandwidth['bytes'] / 1e9:.2f} GB, as many bytes as the target's weights, by "
+                     f"{bandwidth.get('gemv', 'torch.mm')}, the fastest GEMV at hand, "
                      f"{bandwidth['threads']} threads), so a batch-1 decode step takes at least "
                      f"{roofline['target_weight_bytes'] / bandwidth['bytes_per_second'] * 1e3:.1f} ms. Target alone: "
                      + "; ".join(f"{row['name']} {row['seconds_per_token'] * 1e3:.1f} ms/token = "

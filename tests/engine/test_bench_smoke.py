@@ -39,6 +39,8 @@ def test_bench_runs_every_anydraft_contender(ckpts):
     roofline = result["roofline"]
     assert roofline["bandwidth"]["bytes_per_second"] > 0 and roofline["bandwidth"]["threads"] == 1
     assert roofline["bandwidth"]["bytes"] == pytest.approx(roofline["target_weight_bytes"], rel=0.05)
+    readers = roofline["bandwidth"]["readers"]   # the bound is the fastest GEMV at hand, torch's among them
+    assert "torch.mm" in readers and roofline["bandwidth"]["seconds"] == min(readers.values())
     [alone] = roofline["target_alone"]          # one system ran, one target-alone row
     assert alone["name"] == "anydraft target alone"
     assert alone["fraction_of_bound"] == pytest.approx(alone["bound_seconds_per_token"] / alone["seconds_per_token"])
