@@ -5,6 +5,7 @@ produced it."""
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import subprocess
@@ -18,9 +19,11 @@ from .model.native_extension import _cpuinfo, cpu_has
 RELEVANT_CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str | None:
     """The commit of the checkout this package runs from (with '-dirty' when it has changes), else None
-    (an installed wheel has no checkout)."""
+    (an installed wheel has no checkout). Read once, when this module is imported (below), so a long benchmark
+    names the code it loaded, not a commit made while it ran."""
     root = Path(__file__).resolve().parent.parent
     if not (root / ".git").exists():
         return None
@@ -32,6 +35,9 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("-dirty" if dirty else "")
+
+
+git_commit()   # at import: with the code, not when the result is written
 
 
 def machine() -> dict:
