@@ -45,6 +45,11 @@ class SlemProposer:
         self.target_tails: dict[int, list[int]] = {}   # row -> its last verified target ids (the look-back)
         self.written: dict[int, list[int]] = {}        # row -> the draft ids written at the last propose
 
+    @property
+    def runner(self):
+        """The draft model's runner (its kernels and costs are what reports and the advisor time)."""
+        return self.writer.runner
+
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
         self.writer.add_request(row, prompt_text, prompt_target_ids)
         self.target_tails[row] = self.window.tail(list(prompt_target_ids))

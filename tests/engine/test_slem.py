@@ -154,3 +154,10 @@ def test_sampling_is_refused_with_slem(slem_models, llms):
         llm.generate(["Hello"], SamplingParams(temperature=0.7, max_tokens=4))
     [out] = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4))
     assert len(out.outputs[0].token_ids) == 4
+
+
+def test_slem_reports_its_draft_runner_like_every_draft(slem_models, llms):
+    """eval, advise and `generate --json` read proposer.runner (kernels, costs): SLEM's is its writer's draft."""
+    llm = llms.get(slem_models("gpt2"), slem_models("gpt2", "llama2"), k=K, vocab_mode="slem")
+    assert llm.proposer.runner is llm.proposer.writer.runner
+    assert set(llm.kernels) == {"target", "draft"}
