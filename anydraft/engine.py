@@ -21,6 +21,7 @@ from .tokenizer import Tokenizer
 
 # Target tokens per step (decoding rows' k+1 each, the rest prompt chunks) unless the caller says otherwise.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048   # as vLLM: a long prompt goes in 2048-token chunks
+CALIBRATION_CONTEXT_TOKENS = 128        # adaptive's target cost is calibrated at this context (a GSM8K prompt + answer)
 
 
 @dataclass(eq=False)
@@ -301,6 +302,11 @@ class Engine:
         after), so the first steps choose k from this machine's costs; every step then refines them."""
         rows_all = list(range(self.target.cache.max_batch))
         generator = torch.Generator().manual_seed(0)
+        # Timed over a context of typical length (attention reads it): forwards over empty caches priced the sizes
+        # that steps rarely re-measure too cheap, and adaptive then drafted where it loses.
+        context = min(CALIBRATION_CONTEXT_TOKENS, self.max_model_len // 2)
+        scratch = torch.randint(0, self.target.num_token_rows, (len(rows_all), context), generator=generator)
+        self.target.prefill_rows(rows_all, scratch.tolist(), chunk=context)
         for rows in ([0], rows_all):
             for num_new in (1, self.k + 1):
                 ids = torch.randint(0, self.target.num_token_rows, (len(rows), num_new), generator=generator)
