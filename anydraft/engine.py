@@ -304,6 +304,10 @@ class Engine:
         generator = torch.Generator().manual_seed(0)
         # Timed over a context of typical length (attention reads it): forwards over empty caches priced the sizes
         # that steps rarely re-measure too cheap, and adaptive then drafted where it loses.
+        # Scratch forwards: a hidden-state draft must not receive their states (the target still captures them).
+        sink = self.target.hidden_state_sink
+        if sink is not None:
+            self.target.hidden_state_sink = lambda *states: None
         context = min(CALIBRATION_CONTEXT_TOKENS, self.max_model_len // 2)
         scratch = torch.randint(0, self.target.num_token_rows, (len(rows_all), context), generator=generator)
         self.target.prefill_rows(rows_all, scratch.tolist(), chunk=context)
@@ -318,6 +322,7 @@ class Engine:
                     self.target.cache.rewind(rows, [num_new] * len(rows))
         for row in rows_all:
             self.target.cache.reset(row)
+        self.target.hidden_state_sink = sink
 
     def run(self, progress=None) -> None:
         """Step until every request has finished."""
