@@ -89,6 +89,8 @@ class AcceptanceEstimate:
             self.tried[i] *= DECAY
             self.accepted[i] *= DECAY
         for drafted, accepted in zip(num_drafted, num_accepted):
+            if not drafted:
+                continue
             for i in range(min(accepted + 1, drafted, self.max_k)):
                 self.tried[i] += 1.0
                 self.accepted[i] += 1.0 if i < accepted else 0.0
@@ -98,11 +100,15 @@ class AcceptanceEstimate:
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a row appends in a step that drafts k."""
-        total, survive = 1.0, 1.0
-        for rate in self.rates()[:k]:
+        return self.expected_tokens_upto(k)[k]
+
+    def expected_tokens_upto(self, max_k: int) -> list[float]:
+        """[E(0), ..., E(max_k)]."""
+        totals, survive = [1.0], 1.0
+        for rate in self.rates()[:max_k]:
             survive *= rate
-            total += survive
-        return total
+            totals.append(totals[-1] + survive)
+        return totals
 
 
 def one_forward_per_token(num_tokens: int) -> int:
@@ -128,14 +134,22 @@ class AdaptiveSpeculation:
 
     def expected_rate(self, rows: int, k: int) -> float:
         """Expected tokens per second of a step over `rows` rows drafting k each."""
-        draft_seconds = self.draft_forwards(k) * self.draft_cost.seconds(rows)
-        seconds = self.target_cost.seconds(rows * (k + 1)) + draft_seconds + self.host_seconds
-        return rows * self.acceptance.expected_tokens(k) / seconds if seconds > 0 else float("inf")
+        return self.expected_rates(rows)[k]
+
+    def expected_rates(self, rows: int) -> list[float]:
+        """expected_rate(rows, k) for k = 0..max_k, in one pass (this runs every step)."""
+        draft_seconds = self.draft_cost.seconds(rows)
+        rates = []
+        for k, tokens in enumerate(self.acceptance.expected_tokens_upto(self.max_k)):
+            seconds = (self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds
+                       + self.host_seconds)
+            rates.append(rows * tokens / seconds if seconds > 0 else float("inf"))
+        return rates
 
     def choose(self, rows: int) -> int:
         if not self.draft_cost.floors:   # the draft's cost is unknown until a step drafts: measure it first
             return self._chose(self.max_k)
-        rates = [self.expected_rate(rows, k) for k in range(self.max_k + 1)]
+        rates = self.expected_rates(rows)
         best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
         if best:
             self._steps_without_drafting, self._probe_after = 0, PROBE_AFTER

@@ -28,6 +28,9 @@ class DraftModelProposer:
         self.num_proposed = 0   # k of the last propose: what the draft cache holds beyond draft_ids (observe)
         self.states: dict[int, object] = {}
         self.unfilled_rows: list[int] = []  # rows added since the last propose, prompt not in the cache yet
+        # Text that steps without drafting appended, as (rows, new_target_ids) per observe: read at the next propose
+        # that drafts, so a run of plain target steps costs O(1) host work per step here, not a re-sync per row.
+        self.backlog: list[tuple[list[int], list[list[int]]]] = []
         self.device = runner.device
 
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
@@ -40,6 +43,9 @@ class DraftModelProposer:
 
     def remove_request(self, row: int) -> None:
         self.states.pop(row, None)
+        # The row may be reused at once: its backlog must not reach the next request's state.
+        self.backlog = [([r for r in rows if r != row], [t for r, t in zip(rows, ids) if r != row])
+                        for rows, ids in self.backlog]
         if row in self.unfilled_rows:
             self.unfilled_rows.remove(row)
         self.runner.cache.reset(row)
@@ -62,6 +68,7 @@ class DraftModelProposer:
         runner, self.num_proposed = self.runner, k
         if k == 0:   # a plain target step: nothing to write; the draft catches up on the text at its next propose
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
+        self._read_backlog()
         if self.unfilled_rows:
             # One padded forward over the prompts of the rows that joined (all but their last token).
             fits = [r for r in self.unfilled_rows if len(self.states[r].draft_ids) + k - 1 <= runner.cache.max_len]
@@ -125,15 +132,28 @@ class DraftModelProposer:
 
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
         k = self.num_proposed
+        if k == 0:   # nothing proposed since the last observe: nothing in the cache to keep or drop yet
+            self.backlog.append((rows, new_target_ids))
+            return
         for row, accepted, target_ids in zip(rows, num_accepted, new_target_ids):
-            state = self.states[row]
-            num_before = len(state.draft_ids)
             # After propose the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host.
-            # After add_request (the first token, accepted 0) it holds nothing yet: the prefill comes at propose.
-            fed_accepted = [self.vocab.sync.draft_id_of(t) for t in target_ids[:min(accepted, max(k - 1, 0))]]
-            num_dropped = self.vocab.sync.extend(state, target_ids)
-            keep = num_before - num_dropped
-            while (keep - num_before < len(fed_accepted) and keep < len(state.draft_ids)
-                   and keep >= num_before and state.draft_ids[keep] == fed_accepted[keep - num_before]):
-                keep += 1
-            self.runner.cache.truncate(row, min(keep, self.runner.cache.length(row)))
+            self._extend(row, target_ids, [self.vocab.sync.draft_id_of(t) for t in target_ids[:min(accepted, k - 1)]])
+
+    def _read_backlog(self) -> None:
+        """Re-sync every row on the text appended since it last drafted, in the order it was appended."""
+        for rows, new_target_ids in self.backlog:
+            for row, target_ids in zip(rows, new_target_ids):
+                self._extend(row, target_ids, [])
+        self.backlog = []
+
+    def _extend(self, row: int, target_ids: list[int], fed_accepted: list[int]) -> None:
+        """Append target tokens to the row's draft text; the cache keeps the prefix that re-sync left unchanged
+        (plus the accepted proposals it already holds, fed_accepted, where they survive as draft ids)."""
+        state = self.states[row]
+        num_before = len(state.draft_ids)
+        num_dropped = self.vocab.sync.extend(state, target_ids)
+        keep = num_before - num_dropped
+        while (keep - num_before < len(fed_accepted) and keep < len(state.draft_ids)
+               and keep >= num_before and state.draft_ids[keep] == fed_accepted[keep - num_before]):
+            keep += 1
+        self.runner.cache.truncate(row, min(keep, self.runner.cache.length(row)))

@@ -47,6 +47,40 @@ def test_any_k_per_step_and_opted_out_requests_match_target_alone(ckpts, llms, p
     assert sum(outputs[0].metrics["k_histogram"].values()) == outputs[0].metrics["target_forwards"]
 
 
+BACKLOG_PAIRS = PAIRS + [("tli_shuffled_noisy", "gpt2_target", "gpt2_shuffled_noisy_draft")]
+
+
+@pytest.mark.parametrize("case, target, draft", BACKLOG_PAIRS, ids=[p[0] for p in BACKLOG_PAIRS])
+def test_text_of_plain_steps_is_read_at_the_next_draft_as_if_read_at_once(ckpts, llms, prompts, monkeypatch, case,
+                                                                          target, draft):
+    """Runs of plain steps (k = 0) leave their text in a backlog that the draft reads when it next drafts; requests
+    leave and their rows are reused inside such runs. The draft must propose exactly what it proposes when it reads
+    every step's text at once (same acceptances per request), and the output stays the target alone's."""
+    target_dir = getattr(ckpts, target)
+    llm = llms.get(target_dir, getattr(ckpts, draft), k=3, max_num_seqs=2, adaptive=True)
+    max_tokens = [13, 40, 9, 31, 22]   # 2 rows, 5 requests: rows are freed and reused during runs of k = 0
+
+    def run():
+        steps = iter(([0] * 7 + [3, 1]) * 40)
+        monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows: next(steps))
+        outputs = llm.generate(prompts[:5], [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
+        return [(o.outputs[0].token_ids, o.metrics["num_accepted"], o.metrics["num_drafted"]) for o in outputs]
+
+    deferred = run()
+    proposer = llm.engine.proposer
+    observe = type(proposer).observe
+
+    def observe_at_once(self, rows, num_accepted, new_target_ids):
+        observe(self, rows, num_accepted, new_target_ids)
+        self._read_backlog()
+    monkeypatch.setattr(type(proposer), "observe", observe_at_once)
+    assert run() == deferred
+    for prompt, n, (token_ids, _, _) in zip(prompts, max_tokens, deferred):
+        assert token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
+    if "noisy" in draft:   # a draft close to the target: acceptances show the draft read the right text
+        assert sum(accepted for _, accepted, _ in deferred) > 0
+
+
 def test_adaptive_choice_is_reported_and_learns_costs(ckpts, llms, prompts):
     """With the cost model choosing (no stand-in), outputs stay exact and the k histogram says what it chose."""
     target_dir = ckpts.qwen3_target
