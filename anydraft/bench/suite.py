@@ -57,6 +57,7 @@ class BenchConfig:
     peers: tuple[str, ...] = ("hf", "vllm")
     vllm_python: str | None = None
     vllm_modes: tuple[str, ...] = ("compiled", "eager")   # compiled: vLLM's default (torch.compile)
+    vllm_roles: tuple[str, ...] = ("alone", "tli")        # which vLLM rows: its target alone and/or its TLI
     sweep_ks: list[int] = field(default_factory=lambda: list(range(1, 9)))
     threads: int = 2
     data_dir: str | None = None
@@ -125,7 +126,8 @@ def _load_peers(cfg: BenchConfig, target_path: str, draft_path: str, prompt_targ
             # Eager mode (enforce_eager=True) is an extra pair. Startup (compilation) is reported apart, untimed.
             rows = [(f"vLLM {role}{' (eager)' if eager else ''}", draft, eager)
                     for eager in (False, True) if ("eager" if eager else "compiled") in cfg.vllm_modes
-                    for role, draft in (("target alone", None), ("TLI", draft_path))]
+                    for role, draft in (("target alone", None), ("TLI", draft_path))
+                    if {"target alone": "alone", "TLI": "tli"}[role] in cfg.vllm_roles]
             for name, draft, eager in rows:
                 _log(f"starting {name} worker")
                 try:

@@ -82,6 +82,9 @@ def add_parser(sub) -> None:
     p.add_argument("--vllm-modes", default="compiled,eager",
                    help="vLLM rows: compiled (its default: torch.compile at startup, the headline rows) and/or eager "
                         "(enforce_eager=True, an extra pair); startup is reported apart and never timed")
+    p.add_argument("--vllm-roles", default="alone,tli",
+                   help="vLLM rows: alone (its target alone) and/or tli. One role per invocation halves the memory "
+                        "vLLM takes (each row is its own worker holding the target)")
     p.add_argument("--sweep-k", default="1-8", help="k values for the speedup-vs-k sweep of anydraft TLI, or 'none'")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads for every contender")
     p.add_argument("--max-model-len", type=int, default=1024, help="prompt + output tokens per request, every contender")
@@ -107,6 +110,9 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(peers) - {"hf", "vllm"}
     if unknown:
         raise ValueError(f"--peers: unknown {sorted(unknown)}; use hf, vllm or none")
+    vllm_roles = tuple(m.strip() for m in args.vllm_roles.split(",") if m.strip())
+    if not vllm_roles or set(vllm_roles) - {"alone", "tli"}:
+        raise ValueError(f"--vllm-roles {args.vllm_roles!r}: use alone, tli or both (comma-separated)")
     vllm_modes = tuple(m.strip() for m in args.vllm_modes.split(",") if m.strip())
     if not vllm_modes or set(vllm_modes) - {"compiled", "eager"}:
         raise ValueError(f"--vllm-modes {args.vllm_modes!r}: use compiled, eager or both (comma-separated)")
@@ -119,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
                       k=args.num_speculative_tokens, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                       repeats=args.repeats, peer_repeats=args.peer_repeats or args.repeats,
                       temperature=args.temperature, dtype=args.dtype, inflate=inflate,
-                      peers=peers, vllm_python=args.vllm_python, vllm_modes=vllm_modes, sweep_ks=_ks(args.sweep_k), threads=args.threads,
+                      peers=peers, vllm_python=args.vllm_python, vllm_modes=vllm_modes, vllm_roles=vllm_roles, sweep_ks=_ks(args.sweep_k), threads=args.threads,
                       max_model_len=args.max_model_len, batch_size=args.batch_size, adaptive_k=args.adaptive_k or None,
                       data_dir=args.data, **draft_head_options(args))
     result = run_bench(cfg)
