@@ -71,9 +71,10 @@ def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols,
     check_linear(cols, rows)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (the AMX path is opt-in; the test above runs the AVX-512 one)")
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (the test above runs the AVX-512 path)")
 def test_the_amx_path_is_batch_invariant_too_on_amx_machines():
-    """ANYDRAFT_NATIVE_AMX=1 (read once per process) opts in to the AMX tile kernel."""
+    """ANYDRAFT_NATIVE_AMX=1 (read once per process) takes the AMX tile kernel at every width, 1000 included
+    (by default only from width 1024; the test above then runs AMX at its wide shapes, AVX-512 at the rest)."""
     code = ("import sys; sys.path.insert(0, {here!r}); import test_native_invariance as t; "
             "from anydraft.model.native_extension import load_extension; "
             "assert load_extension().matmul_path(1024) == 'amx'; "

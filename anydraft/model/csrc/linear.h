@@ -8,8 +8,12 @@
 //  - AMX (Sapphire Rapids and later; K a multiple of 32): 16 weight rows x up to 16 activation rows per tile
 //    instruction, TDPBF16PS (each output a hardware dot product over its own row and column, in k order);
 //  - AVX-512: 4 activation rows x 4 weight rows in registers, VDPBF16PS into 16 fp32 lanes, then one lane tree.
-// AMX is opt-in (ANYDRAFT_NATIVE_AMX=1): measured on a 2-core Sapphire Rapids VM, the tile path was faster at
-// Qwen3-0.6B layer sizes but 20-200x slower than AVX-512 for small layers and a few rows (tile state faults).
+// AMX runs for widths K >= AMX_MIN_WIDTH (real model sizes) where the CPU and the OS grant it; below, AVX-512.
+// Measured on a 2-core Sapphire Rapids VM (Qwen3-0.6B shape, 2 threads): AMX takes a batch-16 decode step from
+// 185 to 96 ms, a 16-prompt prefill from 16.3 to 6.1 s and a batch-1 decode from 51 to 38 ms; for small layers
+// and a few rows it was measured 20-200x slower (tile state faults), hence the threshold. ANYDRAFT_NATIVE_AMX=0
+// turns AMX off, =1 uses it at every width that is a multiple of 32. Read once per process: which path runs
+// depends on the width only, never on the rows.
 #pragma once
 #include "kernels.h"
 
@@ -148,12 +152,24 @@ inline void linear_avx512(const uint16_t* xp, int64_t M, int64_t K, const uint16
 }
 
 
+constexpr int64_t AMX_MIN_WIDTH = 1024;
+
+// ANYDRAFT_NATIVE_AMX: -1 unset (AMX from AMX_MIN_WIDTH), 0 off, 1 at every width.
+inline int amx_setting() {
+  static const int setting = [] {
+    const char* value = std::getenv("ANYDRAFT_NATIVE_AMX");
+    if (!value) return -1;
+    const std::string v(value);
+    return v == "0" ? 0 : v == "1" ? 1 : -1;
+  }();
+  return setting;
+}
+
 // Whether this process may use AMX tiles: Linux grants the tile state on request (once per process).
 inline bool amx_ready() {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   static const bool ready = [] {
-    const char* setting = std::getenv("ANYDRAFT_NATIVE_AMX");
-    if (!setting || std::string(setting) != "1") return false;
+    if (amx_setting() == 0) return false;
     constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
   }();
@@ -163,7 +179,9 @@ inline bool amx_ready() {
 #endif
 }
 
-inline bool use_amx(int64_t K) { return K % 32 == 0 && amx_ready(); }
+inline bool use_amx(int64_t K) {
+  return K % 32 == 0 && (K >= AMX_MIN_WIDTH || amx_setting() == 1) && amx_ready();
+}
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // Tiles: 0-3 results [16 weight rows, activation rows] fp32 (0, 1: group a; 2, 3: group b); 4, 5 weight rows
