@@ -71,6 +71,16 @@ def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols,
     check_linear(cols, rows)
 
 
+def test_prefill_sized_batches_give_each_row_its_alone_value():
+    """600 rows (more than one 256-row block of the AMX path): every row equals the row computed alone."""
+    extension = load_extension()
+    weight = _weight(1056, 1024, seed=5)   # 1056 rows: a weight-row tail past the last 32
+    x = torch.randn(600, 1024, generator=torch.Generator().manual_seed(6)).bfloat16()
+    together = extension.head_logits(x, weight)
+    alone = torch.cat([extension.head_logits(x[i:i + 1], weight) for i in range(600)])
+    assert torch.equal(together, alone)
+
+
 @pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (the test above runs the AVX-512 path)")
 def test_the_amx_path_is_batch_invariant_too_on_amx_machines():
     """ANYDRAFT_NATIVE_AMX=1 (read once per process) takes the AMX tile kernel at every width, 1000 included
