@@ -42,18 +42,36 @@ def _draft_tokenizer(path, target_tokenizer: Tokenizer, vocab_mode: str) -> Toke
     raise ValueError(f"{path}: no tokenizer.json, which vocab_mode {vocab_mode!r} needs")
 
 
-def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candidate_target_ids: torch.Tensor,
-                    target_tokenizer: Tokenizer, target_vocab_rows: int, info: dict) -> torch.Tensor:
-    """The draft head rows to keep: all candidates, or the draft_vocab_size most frequent in the corpus."""
+def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candidate_ids: torch.Tensor,
+                    corpus_tokenizer: Tokenizer, vocab_rows: int, info: dict) -> torch.Tensor:
+    """The draft head rows to keep: all candidates, or the draft_vocab_size most frequent in the corpus.
+    candidate_ids: each candidate's id in corpus_tokenizer's vocabulary ([vocab_rows] ids), the tokenization whose
+    counts rank it (the target's for TLI and identity: a proposal counts when the target accepts it; the draft's
+    own for SLEM: it writes its own tokens)."""
     if spec.draft_vocab_size is None:
         return candidate_rows
-    counts = load_or_count(target_tokenizer, spec.draft_vocab_corpus, target_vocab_rows, default_cache_dir())
-    ranked = most_frequent(candidate_target_ids, counts, specials_among(candidate_target_ids, target_tokenizer),
+    counts = load_or_count(corpus_tokenizer, spec.draft_vocab_corpus, vocab_rows, default_cache_dir())
+    ranked = most_frequent(candidate_ids, counts, specials_among(candidate_ids, corpus_tokenizer),
                            spec.draft_vocab_size)
     info["draft_vocab"] = {"size": len(ranked.keep), "asked": spec.draft_vocab_size, "of": len(candidate_rows),
                            "corpus": str(spec.draft_vocab_corpus), "corpus_tokens": ranked.corpus_tokens,
                            "corpus_coverage_pct": round(100 * ranked.coverage, 3)}
     return candidate_rows[ranked.keep]
+
+
+def _slem_head_rows(spec: SpeculativeConfig, runner: ModelRunner, draft_tokenizer: Tokenizer,
+                    info: dict) -> torch.Tensor | None:
+    """SLEM's frequency-ranked head: the draft_vocab_size draft tokens its own tokenization of the corpus uses most
+    (its specials always kept); None = the whole head."""
+    if spec.draft_vocab_size is None:
+        return None
+    rows = torch.arange(runner.num_token_rows)   # the draft's real tokens (padding rows never write text)
+    num_specials = int(specials_among(rows, draft_tokenizer).sum())
+    if not num_specials < spec.draft_vocab_size <= len(rows):
+        raise ValueError(f"draft_vocab_size {spec.draft_vocab_size} is out of range for vocab_mode 'slem' with this "
+                         f"draft: give more than its {num_specials} special tokens (always kept) and at most its "
+                         f"{len(rows)} tokens, or leave draft_vocab_size unset to keep the whole head")
+    return _rank_head_rows(spec, rows, rows, draft_tokenizer, runner.vocab_rows, info)
 
 
 def corpus_coverage(bridge: VocabBridge, target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer,
@@ -82,6 +100,14 @@ def _resolve_mode(spec: SpeculativeConfig, bridge: VocabBridge, target_tokenizer
     return mode, f"auto: {reason}", ({} if coverage is None else coverage.to_dict())
 
 
+def _head_savings(runner: ModelRunner, flops_before: dict) -> dict:
+    """The draft head's rows now, and the multiply-adds per token its pruning saved."""
+    flops_after = runner.cost_flops_per_token()
+    return {"draft_head_rows": runner.head_rows,
+            "draft_head_macs_saved_per_token": flops_before["head"] - flops_after["head"],
+            "draft_head_macs_saved_pct": round(100 * (1 - flops_after["head"] / flops_before["head"]), 2)}
+
+
 def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer: Tokenizer,
                    max_batch: int, max_model_len: int) -> tuple[Proposer, dict]:
     """Returns (proposer, info) where info reports the vocab mode, intersection stats and head savings."""
@@ -104,13 +130,13 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
     if mode == "slem":   # the draft writes freely in its vocabulary; the target re-tokenizes its text
         if has_d2t:
             raise ValueError(f"{path}: a d2t draft head writes target ids already; use vocab_mode 'd2t', not 'slem'")
-        if spec.draft_vocab_size is not None:
-            raise ValueError("vocab_mode 'slem' keeps the draft's whole head (it writes freely); leave "
-                             "draft_vocab_size unset")
+        info = {"vocab_mode": "slem", "vocab_mode_reason": reason, "draft_path": str(path),
+                **({"tli_coverage": coverage} if coverage else {})}
+        flops_before = runner.cost_flops_per_token()
+        head_rows = _slem_head_rows(spec, runner, draft_tokenizer, info)
         proposer = build_slem_proposer(runner, bridge, target_tokenizer, draft_tokenizer,
-                                       spec.num_speculative_tokens, spec.resync_window)
-        return proposer, {"vocab_mode": "slem", "vocab_mode_reason": reason, "draft_path": str(path),
-                          "draft_head_rows": runner.head_rows, **({"tli_coverage": coverage} if coverage else {})}
+                                       spec.num_speculative_tokens, spec.resync_window, head_rows)
+        return proposer, {**info, **_head_savings(runner, flops_before)}
     flops_before = runner.cost_flops_per_token()
     info = {"vocab_mode": mode, "vocab_mode_reason": reason, "draft_path": str(path)}
     if coverage:
@@ -151,8 +177,5 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
         info["intersection"] = bridge.stats.intersection
         info["intersection_pct_of_draft"] = round(100 * bridge.stats.intersection / max(1, draft_tokenizer.vocab_size), 2)
         info["intersection_pct_of_target"] = round(100 * bridge.stats.intersection / max(1, target_tokenizer.vocab_size), 2)
-    flops_after = runner.cost_flops_per_token()
-    info["draft_head_rows"] = runner.head_rows
-    info["draft_head_macs_saved_per_token"] = flops_before["head"] - flops_after["head"]
-    info["draft_head_macs_saved_pct"] = round(100 * (1 - flops_after["head"] / flops_before["head"]), 2)
+    info.update(_head_savings(runner, flops_before))
     return DraftModelProposer(runner, vocab, spec.num_speculative_tokens), info

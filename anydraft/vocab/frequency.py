@@ -7,8 +7,10 @@ most frequent N target tokens (as FR-Spec and EAGLE-3's 32k draft vocabularies d
 tokens on such text at a fraction of the cost. The target still verifies every token, so the output is
 unchanged whatever the cut; only acceptance can drop, when the draft's favourite token was cut.
 
-Counts are over the *target* tokenization of the corpus: a proposal is accepted only when it is the
-target's token, so that is the distribution the head must cover. Special tokens (EOS, ...) are always kept.
+Counts are over the *target* tokenization of the corpus for TLI and identity heads: a proposal is accepted only
+when it is the target's token, so that is the distribution the head must cover. A SLEM draft writes text in its
+own tokens, which the target re-tokenizes, so its head is ranked by the *draft's* tokenization of the corpus
+(the same functions, given the draft's tokenizer). Special tokens (EOS, ...) are always kept.
 """
 from __future__ import annotations
 
