@@ -14,7 +14,7 @@ from ..tokenizer import Tokenizer, same_vocabulary
 from ..vocab.cache import default_cache_dir, load_or_build_bridge
 from ..vocab.d2t import validate_d2t
 from ..vocab.bridge import VocabBridge
-from ..vocab.frequency import load_or_count, most_frequent, specials_among
+from ..vocab.frequency import RankedHead, load_or_count, most_frequent, most_frequent_own_tokens, specials_among
 from ..vocab.mode_choice import TliCoverage, choose_vocab_mode, tli_coverage
 from ..vocab.resync import DraftResync
 from .draft_proposer import DraftModelProposer
@@ -42,36 +42,33 @@ def _draft_tokenizer(path, target_tokenizer: Tokenizer, vocab_mode: str) -> Toke
     raise ValueError(f"{path}: no tokenizer.json, which vocab_mode {vocab_mode!r} needs")
 
 
-def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candidate_ids: torch.Tensor,
-                    corpus_tokenizer: Tokenizer, vocab_rows: int, info: dict) -> torch.Tensor:
-    """The draft head rows to keep: all candidates, or the draft_vocab_size most frequent in the corpus.
-    candidate_ids: each candidate's id in corpus_tokenizer's vocabulary ([vocab_rows] ids), the tokenization whose
-    counts rank it (the target's for TLI and identity: a proposal counts when the target accepts it; the draft's
-    own for SLEM: it writes its own tokens)."""
+def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candidate_target_ids: torch.Tensor,
+                    target_tokenizer: Tokenizer, target_vocab_rows: int, info: dict) -> torch.Tensor:
+    """The draft head rows to keep: all candidates, or the draft_vocab_size most frequent in the corpus."""
     if spec.draft_vocab_size is None:
         return candidate_rows
-    counts = load_or_count(corpus_tokenizer, spec.draft_vocab_corpus, vocab_rows, default_cache_dir())
-    ranked = most_frequent(candidate_ids, counts, specials_among(candidate_ids, corpus_tokenizer),
+    counts = load_or_count(target_tokenizer, spec.draft_vocab_corpus, target_vocab_rows, default_cache_dir())
+    ranked = most_frequent(candidate_target_ids, counts, specials_among(candidate_target_ids, target_tokenizer),
                            spec.draft_vocab_size)
-    info["draft_vocab"] = {"size": len(ranked.keep), "asked": spec.draft_vocab_size, "of": len(candidate_rows),
-                           "corpus": str(spec.draft_vocab_corpus), "corpus_tokens": ranked.corpus_tokens,
-                           "corpus_coverage_pct": round(100 * ranked.coverage, 3)}
+    info["draft_vocab"] = _draft_vocab_info(spec, ranked, len(candidate_rows))
     return candidate_rows[ranked.keep]
 
 
 def _slem_head_rows(spec: SpeculativeConfig, runner: ModelRunner, draft_tokenizer: Tokenizer,
                     info: dict) -> torch.Tensor | None:
-    """SLEM's frequency-ranked head: the draft_vocab_size draft tokens its own tokenization of the corpus uses most
-    (its specials always kept); None = the whole head."""
+    """SLEM's head: the draft_vocab_size draft ids its own tokenization of the corpus uses most; None = whole."""
     if spec.draft_vocab_size is None:
         return None
-    rows = torch.arange(runner.num_token_rows)   # the draft's real tokens (padding rows never write text)
-    num_specials = int(specials_among(rows, draft_tokenizer).sum())
-    if not num_specials < spec.draft_vocab_size <= len(rows):
-        raise ValueError(f"draft_vocab_size {spec.draft_vocab_size} is out of range for vocab_mode 'slem' with this "
-                         f"draft: give more than its {num_specials} special tokens (always kept) and at most its "
-                         f"{len(rows)} tokens, or leave draft_vocab_size unset to keep the whole head")
-    return _rank_head_rows(spec, rows, rows, draft_tokenizer, runner.vocab_rows, info)
+    counts = load_or_count(draft_tokenizer, spec.draft_vocab_corpus, runner.vocab_rows, default_cache_dir())
+    ranked = most_frequent_own_tokens(draft_tokenizer, counts, runner.num_token_rows, spec.draft_vocab_size)
+    info["draft_vocab"] = _draft_vocab_info(spec, ranked, runner.num_token_rows)
+    return ranked.keep   # the candidates are the ids 0..num_token_rows-1: positions are draft ids
+
+
+def _draft_vocab_info(spec: SpeculativeConfig, ranked: RankedHead, num_candidates: int) -> dict:
+    return {"size": len(ranked.keep), "asked": spec.draft_vocab_size, "of": num_candidates,
+            "corpus": str(spec.draft_vocab_corpus), "corpus_tokens": ranked.corpus_tokens,
+            "corpus_coverage_pct": round(100 * ranked.coverage, 3)}
 
 
 def corpus_coverage(bridge: VocabBridge, target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer,

@@ -132,6 +132,22 @@ def most_frequent(candidate_target_ids: torch.Tensor,  # [C] target id of each c
     return RankedHead(keep=keep, coverage=covered / total if total else 0.0, corpus_tokens=total)
 
 
+def most_frequent_own_tokens(tokenizer: Tokenizer,
+                             counts: torch.Tensor,   # [V_rows] occurrences per id in the tokenizer's own tokenization
+                             num_token_rows: int,    # ids 0..num_token_rows-1 are real tokens (the rest: padding)
+                             limit: int) -> RankedHead:
+    """A SLEM draft's head: of its own tokens, the `limit` its tokenization of the corpus uses most, its specials
+    (EOS, ...) always kept. keep: the kept draft ids."""
+    draft_ids = torch.arange(num_token_rows)
+    specials = specials_among(draft_ids, tokenizer)
+    num_specials = int(specials.sum())
+    if not num_specials < limit <= num_token_rows:
+        raise ValueError(f"draft_vocab_size {limit} is out of range for this draft: give more than its {num_specials} "
+                         f"special tokens (always kept) and at most its {num_token_rows} tokens, or leave "
+                         f"draft_vocab_size unset to keep the whole head")
+    return most_frequent(draft_ids, counts, specials, limit)
+
+
 def coverage_report(candidate_target_ids: torch.Tensor,  # [C] target ids a draft head may propose
                     counts: torch.Tensor,                # [V_target_rows] corpus occurrences per target id
                     always_keep: torch.Tensor,           # [C] bool
