@@ -3,8 +3,9 @@
 Per draft: vocabulary overlap both ways, TLI's corpus coverage, the mode vocab_mode="auto" picks and why
 (vocab/mode_choice.py, the same rule the engine applies), the frequency-ranked head size keeping 99% of the
 corpus, the measured draft/target per-token cost ratio, the measured AL at each k (greedy, fixed k, the first
-N prompts), and the cost model's predicted speedup AL(k)·T_target / (T_verify(k) + k·T_draft)
-(bench/costs.py). Drafts are ranked by their best predicted speedup.
+N prompts), and the cost model's predicted speedup AL(k)·T_target / (T_verify(k) + F(k)·T_draft)
+(bench/costs.py), F(k) the draft forwards the proposer runs to propose k (k + 1 for SLEM). Drafts are ranked by
+their best predicted speedup.
 
 AL is measured at every k rather than derived from one run at the largest k: greedy acceptance at position i
 does not depend on k, but which contexts steps start from does (a step that accepts n tokens moves the next
@@ -152,6 +153,7 @@ def advise(cfg: AdviseConfig) -> dict:
         report["measured_mode"] = info["vocab_mode"]
         report["draft_head_rows_measured"] = info["draft_head_rows"]
         report["kernels"] = proposer.runner.kernels
+        report["draft_forwards"] = {k: proposer.draft_forwards(k) for k in cfg.ks}   # SLEM writes k + 1 tokens
         engine = Engine(target, target_tokenizer, proposer, cfg.max_model_len)
         report.update(_measure_acceptance(engine, cfg.prompts, cfg.ks, cfg.max_tokens))
         runners[f"draft{len(runners)}"] = proposer.runner   # keys that cannot clash with measure_costs' own
@@ -167,7 +169,8 @@ def advise(cfg: AdviseConfig) -> dict:
         report["draft_seconds"] = draft_seconds
         report["draft_to_target_cost_ratio"] = round(draft_seconds / costs["target_seconds"], 4)
         predicted = {k: round(ideal_speedup(report["acceptance_length"][k], costs["target_seconds"],
-                                            costs["verify_seconds"][k], draft_seconds, k), 4) for k in cfg.ks}
+                                            costs["verify_seconds"][k], draft_seconds, k,
+                                            report["draft_forwards"][k]), 4) for k in cfg.ks}
         report["predicted_speedup"] = predicted
         report["best_k"] = max(predicted, key=predicted.get)
         report["best_predicted_speedup"] = predicted[report["best_k"]]
