@@ -14,8 +14,9 @@ from ..tokenizer import Tokenizer, same_vocabulary
 from ..vocab.cache import default_cache_dir, load_or_build_bridge
 from ..vocab.d2t import validate_d2t
 from ..vocab.bridge import VocabBridge
-from ..vocab.frequency import RankedHead, load_or_count, most_frequent, most_frequent_own_tokens, specials_among
-from ..vocab.mode_choice import TliCoverage, choose_vocab_mode, tli_coverage
+from ..vocab.frequency import (RankedHead, coverage_report, load_or_count, most_frequent, most_frequent_own_tokens,
+                               specials_among)
+from ..vocab.mode_choice import SLEM_HEAD_COVERAGE, TliCoverage, choose_vocab_mode, slem_head_size, tli_coverage
 from ..vocab.resync import DraftResync
 from .draft_proposer import DraftModelProposer
 from .proposer import Proposer
@@ -50,25 +51,36 @@ def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candi
     counts = load_or_count(target_tokenizer, spec.draft_vocab_corpus, target_vocab_rows, default_cache_dir())
     ranked = most_frequent(candidate_target_ids, counts, specials_among(candidate_target_ids, target_tokenizer),
                            spec.draft_vocab_size)
-    info["draft_vocab"] = _draft_vocab_info(spec, ranked, len(candidate_rows))
+    info["draft_vocab"] = _draft_vocab_info(ranked, spec.draft_vocab_size, spec.draft_vocab_corpus, len(candidate_rows))
     return candidate_rows[ranked.keep]
 
 
 def _slem_head_rows(spec: SpeculativeConfig, runner: ModelRunner, draft_tokenizer: Tokenizer,
                     info: dict) -> torch.Tensor | None:
-    """SLEM's head: the draft_vocab_size draft ids its own tokenization of the corpus uses most; None = whole."""
-    if spec.draft_vocab_size is None:
+    """SLEM's head: the draft ids its own tokenization of the corpus uses most, draft_vocab_size of them, or when
+    auto chose SLEM from a corpus, slem_head_size's (mode_choice.py); None = the whole head."""
+    size, corpus, rule = spec.draft_vocab_size, spec.draft_vocab_corpus, None
+    if size is None and spec.vocab_mode == "auto" and spec.vocab_mode_corpus:
+        corpus = spec.vocab_mode_corpus
+        counts = load_or_count(draft_tokenizer, corpus, runner.vocab_rows, default_cache_dir())
+        draft_ids = torch.arange(runner.num_token_rows)
+        report = coverage_report(draft_ids, counts, specials_among(draft_ids, draft_tokenizer), [])
+        size = slem_head_size(report["size_for_coverage"][f"{SLEM_HEAD_COVERAGE:g}"], runner.num_token_rows)
+        rule = (f"auto: the smallest power of two keeping {100 * SLEM_HEAD_COVERAGE:g}% of the draft's own "
+                f"tokenization of {corpus}")
+    if size is None:
         return None
-    counts = load_or_count(draft_tokenizer, spec.draft_vocab_corpus, runner.vocab_rows, default_cache_dir())
-    ranked = most_frequent_own_tokens(draft_tokenizer, counts, runner.num_token_rows, spec.draft_vocab_size)
-    info["draft_vocab"] = _draft_vocab_info(spec, ranked, runner.num_token_rows)
+    counts = load_or_count(draft_tokenizer, corpus, runner.vocab_rows, default_cache_dir())
+    ranked = most_frequent_own_tokens(draft_tokenizer, counts, runner.num_token_rows, size)
+    info["draft_vocab"] = _draft_vocab_info(ranked, size, corpus, runner.num_token_rows)
+    if rule:
+        info["draft_vocab"]["rule"] = rule
     return ranked.keep   # the candidates are the ids 0..num_token_rows-1: positions are draft ids
 
 
-def _draft_vocab_info(spec: SpeculativeConfig, ranked: RankedHead, num_candidates: int) -> dict:
-    return {"size": len(ranked.keep), "asked": spec.draft_vocab_size, "of": num_candidates,
-            "corpus": str(spec.draft_vocab_corpus), "corpus_tokens": ranked.corpus_tokens,
-            "corpus_coverage_pct": round(100 * ranked.coverage, 3)}
+def _draft_vocab_info(ranked: RankedHead, asked: int, corpus: str, num_candidates: int) -> dict:
+    return {"size": len(ranked.keep), "asked": asked, "of": num_candidates, "corpus": str(corpus),
+            "corpus_tokens": ranked.corpus_tokens, "corpus_coverage_pct": round(100 * ranked.coverage, 3)}
 
 
 def corpus_coverage(bridge: VocabBridge, target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer,
