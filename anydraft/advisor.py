@@ -3,8 +3,9 @@
 Per draft: vocabulary overlap both ways, TLI's corpus coverage, the mode vocab_mode="auto" picks and why
 (vocab/mode_choice.py, the same rule the engine applies), the frequency-ranked head size keeping 99% of the
 corpus, the measured draft/target per-token cost ratio, the measured AL at each k (greedy, fixed k, the first
-N prompts), and the cost model's predicted speedup AL(k)·T_target / (T_verify(k) + k·T_draft)
-(bench/costs.py). Drafts are ranked by their best predicted speedup.
+N prompts), and the cost model's predicted speedup AL(k)·T_target / (T_verify(k) + F(k)·T_draft)
+(bench/costs.py), F(k) the draft forwards the proposer runs to propose k (k + 1 for SLEM). Drafts are ranked by
+their best predicted speedup.
 
 AL is measured at every k rather than derived from one run at the largest k: greedy acceptance at position i
 does not depend on k, but which contexts steps start from does (a step that accepts n tokens moves the next
@@ -33,7 +34,7 @@ from .spec_decode.factory import build_proposer, corpus_coverage
 from .tokenizer import Tokenizer, same_vocabulary
 from .vocab.cache import default_cache_dir, load_or_build_bridge
 from .vocab.frequency import coverage_report, load_or_count, specials_among
-from .vocab.mode_choice import choose_vocab_mode
+from .vocab.mode_choice import choose_vocab_mode, slem_head_size
 
 HEAD_COVERAGE = "0.99"   # the share of the corpus a frequency-ranked head must keep (coverage_report's key)
 
@@ -146,12 +147,18 @@ def advise(cfg: AdviseConfig) -> dict:
         measured = report["auto_mode"] if report["auto_mode"] in VOCAB_MODES else "tli"
         if measured != report["auto_mode"]:
             report["note"] = f"auto would choose {report['auto_mode']!r}, which this build lacks: measured with TLI"
+        # A SLEM draft is measured with the head auto gives it (mode_choice.slem_head_size), as auto would run it.
+        head = slem_head_size(report["head_rows_for_99pct"], report["head_rows"]) if measured == "slem" else None
+        head_options = {"draft_vocab_size": head, "draft_vocab_corpus": str(cfg.corpus)} if head else {}
         spec = SpeculativeConfig(model=str(path), num_speculative_tokens=max(cfg.ks), vocab_mode=measured,
-                                 adaptive=False)
+                                 adaptive=False, **head_options)
         proposer, info = build_proposer(spec, target, target_tokenizer, cfg.batch_size, cfg.max_model_len)
         report["measured_mode"] = info["vocab_mode"]
         report["draft_head_rows_measured"] = info["draft_head_rows"]
+        if head_options:
+            report["head_options"] = head_options
         report["kernels"] = proposer.runner.kernels
+        report["draft_forwards"] = {k: proposer.draft_forwards(k) for k in cfg.ks}   # SLEM writes k + 1 tokens
         engine = Engine(target, target_tokenizer, proposer, cfg.max_model_len)
         report.update(_measure_acceptance(engine, cfg.prompts, cfg.ks, cfg.max_tokens))
         runners[f"draft{len(runners)}"] = proposer.runner   # keys that cannot clash with measure_costs' own
@@ -167,12 +174,16 @@ def advise(cfg: AdviseConfig) -> dict:
         report["draft_seconds"] = draft_seconds
         report["draft_to_target_cost_ratio"] = round(draft_seconds / costs["target_seconds"], 4)
         predicted = {k: round(ideal_speedup(report["acceptance_length"][k], costs["target_seconds"],
-                                            costs["verify_seconds"][k], draft_seconds, k), 4) for k in cfg.ks}
+                                            costs["verify_seconds"][k], draft_seconds, k,
+                                            report["draft_forwards"][k]), 4) for k in cfg.ks}
         report["predicted_speedup"] = predicted
         report["best_k"] = max(predicted, key=predicted.get)
         report["best_predicted_speedup"] = predicted[report["best_k"]]
+        head = report.get("head_options", {})
         report["command"] = (f"anydraft generate --target {cfg.target} --draft {report['draft']} --vocab-mode "
-                             f"{report['measured_mode']} -k {report['best_k']}")
+                             f"{report['measured_mode']} -k {report['best_k']}"
+                             + (f" --draft-vocab-size {head['draft_vocab_size']} --draft-vocab-corpus "
+                                f"{head['draft_vocab_corpus']}" if head else ""))
     reports.sort(key=lambda r: -r["best_predicted_speedup"])
     for rank, report in enumerate(reports, 1):
         report["rank"] = rank

@@ -79,7 +79,8 @@ class SpeculativeConfig:
     device: str | None = None    # None = the target's device
     resync_window: int = 6
     # Frequency-ranked draft head (vocab/frequency.py): keep the draft_vocab_size output rows whose target
-    # tokens draft_vocab_corpus uses most. None = the whole head (TLI: the whole intersection).
+    # tokens draft_vocab_corpus uses most (SLEM: the draft's own tokens). None = the whole head (TLI: the whole
+    # intersection).
     draft_vocab_size: int | None = None
     draft_vocab_corpus: str | None = None
     # In-domain text vocab_mode="auto" measures TLI's coverage on (vocab/mode_choice.py); None: auto keeps TLI

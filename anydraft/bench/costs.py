@@ -4,7 +4,10 @@ Cost model (one verification step over B rows, batch 1 included): k draft decode
 k+1 tokens per row, appending AL tokens per row on average; the target alone appends one token per row per
 1-token decode. So
 
-    ideal speedup = AL * T_target / (T_verify(k) + k * T_draft)
+    ideal speedup = AL * T_target / (T_verify(k) + F(k) * T_draft)
+
+F(k): the draft forwards a step drafting k costs (the proposer's draft_forwards: k for a draft model, k + 1 for a
+SLEM draft, which writes one token more than it proposes; 1 for a block drafter).
 
 T_target: target forward of 1 new token per row + output head (a target-alone decode step).
 T_verify(k): target forward of k+1 new tokens per row + output head on all of them (a verification step).
@@ -23,9 +26,10 @@ from ..model.runner import ModelRunner
 
 
 def ideal_speedup(acceptance_length: float, target_seconds: float, verify_seconds: float, draft_seconds: float,
-                  k: int) -> float:
-    """AL * T_target / (T_verify + k * T_draft)."""
-    return acceptance_length * target_seconds / (verify_seconds + k * draft_seconds)
+                  k: int, draft_forwards: int | None = None) -> float:
+    """AL * T_target / (T_verify + F(k) * T_draft); draft_forwards F(k), None = k (one forward per drafted token)."""
+    forwards = k if draft_forwards is None else draft_forwards
+    return acceptance_length * target_seconds / (verify_seconds + forwards * draft_seconds)
 
 
 @torch.inference_mode()

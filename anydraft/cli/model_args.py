@@ -34,9 +34,10 @@ def add_model_args(p: argparse.ArgumentParser, max_model_len: int = 2048) -> Non
 
 def add_draft_head_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
-                   help="keep only the N draft head rows whose target tokens --draft-vocab-corpus uses most "
-                        "(frequency-ranked head, as FR-Spec / EAGLE-3 draft vocabularies): a cheaper draft "
-                        "forward; output unchanged, acceptance drops only off the corpus's domain")
+                   help="keep only the N draft head rows whose tokens --draft-vocab-corpus uses most (its "
+                        "target tokenization; with --vocab-mode slem the draft's own) (frequency-ranked head, as "
+                        "FR-Spec / EAGLE-3 draft vocabularies): a cheaper draft forward; output unchanged, "
+                        "acceptance drops only off the corpus's domain")
     p.add_argument("--draft-vocab-corpus", default=None, metavar="FILE",
                    help="in-domain text ranking the tokens: .jsonl (string fields per line) or plain text, "
                         "e.g. ../shared/data/gsm8k/train.jsonl")

@@ -7,6 +7,8 @@ Three kinds, one shape: `head_to_target` maps a draft output row to a target id 
 - d2t: same tokenizer, reduced head; target_id = head_row + d2t[head_row]; the draft reads target ids.
 - tli: other tokenizer; the head is pruned to the intersection (or its most frequent part); the draft
   reads its own ids, re-synced.
+- slem: other tokenizer, the draft writes its own ids (the target re-tokenizes their text, slem_proposer.py), so
+  the table maps a head row to a *draft* id: None for the whole head, the kept ids for a frequency-ranked one.
 """
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ class ResyncContextSync:
 
 @dataclass
 class DraftVocab:
-    kind: str                                   # "identity" | "d2t" | "tli"
+    kind: str                                   # "identity" | "d2t" | "tli" | "slem" (ids are the draft's)
     head_to_target: torch.Tensor | None         # [N_head] target id of each draft output row; None = identity
     head_to_draft_input: torch.Tensor | None    # [N_head] id fed back to the draft for a proposal; None = same row
     target_vocab_rows: int

@@ -14,8 +14,9 @@ from ..tokenizer import Tokenizer, same_vocabulary
 from ..vocab.cache import default_cache_dir, load_or_build_bridge
 from ..vocab.d2t import validate_d2t
 from ..vocab.bridge import VocabBridge
-from ..vocab.frequency import load_or_count, most_frequent, specials_among
-from ..vocab.mode_choice import TliCoverage, choose_vocab_mode, tli_coverage
+from ..vocab.frequency import (RankedHead, coverage_report, load_or_count, most_frequent, most_frequent_own_tokens,
+                               specials_among)
+from ..vocab.mode_choice import SLEM_HEAD_COVERAGE, TliCoverage, choose_vocab_mode, slem_head_size, tli_coverage
 from ..vocab.resync import DraftResync
 from .draft_proposer import DraftModelProposer
 from .proposer import Proposer
@@ -50,10 +51,36 @@ def _rank_head_rows(spec: SpeculativeConfig, candidate_rows: torch.Tensor, candi
     counts = load_or_count(target_tokenizer, spec.draft_vocab_corpus, target_vocab_rows, default_cache_dir())
     ranked = most_frequent(candidate_target_ids, counts, specials_among(candidate_target_ids, target_tokenizer),
                            spec.draft_vocab_size)
-    info["draft_vocab"] = {"size": len(ranked.keep), "asked": spec.draft_vocab_size, "of": len(candidate_rows),
-                           "corpus": str(spec.draft_vocab_corpus), "corpus_tokens": ranked.corpus_tokens,
-                           "corpus_coverage_pct": round(100 * ranked.coverage, 3)}
+    info["draft_vocab"] = _draft_vocab_info(ranked, spec.draft_vocab_size, spec.draft_vocab_corpus, len(candidate_rows))
     return candidate_rows[ranked.keep]
+
+
+def _slem_head_rows(spec: SpeculativeConfig, runner: ModelRunner, draft_tokenizer: Tokenizer,
+                    info: dict) -> torch.Tensor | None:
+    """SLEM's head: the draft ids its own tokenization of the corpus uses most, draft_vocab_size of them, or when
+    auto chose SLEM from a corpus, slem_head_size's (mode_choice.py); None = the whole head."""
+    size, corpus, rule = spec.draft_vocab_size, spec.draft_vocab_corpus, None
+    if size is None and spec.vocab_mode == "auto" and spec.vocab_mode_corpus:
+        corpus = spec.vocab_mode_corpus
+        counts = load_or_count(draft_tokenizer, corpus, runner.vocab_rows, default_cache_dir())
+        draft_ids = torch.arange(runner.num_token_rows)
+        report = coverage_report(draft_ids, counts, specials_among(draft_ids, draft_tokenizer), [])
+        size = slem_head_size(report["size_for_coverage"][f"{SLEM_HEAD_COVERAGE:g}"], runner.num_token_rows)
+        rule = (f"auto: the smallest power of two keeping {100 * SLEM_HEAD_COVERAGE:g}% of the draft's own "
+                f"tokenization of {corpus}")
+    if size is None:
+        return None
+    counts = load_or_count(draft_tokenizer, corpus, runner.vocab_rows, default_cache_dir())
+    ranked = most_frequent_own_tokens(draft_tokenizer, counts, runner.num_token_rows, size)
+    info["draft_vocab"] = _draft_vocab_info(ranked, size, corpus, runner.num_token_rows)
+    if rule:
+        info["draft_vocab"]["rule"] = rule
+    return ranked.keep   # the candidates are the ids 0..num_token_rows-1: positions are draft ids
+
+
+def _draft_vocab_info(ranked: RankedHead, asked: int, corpus: str, num_candidates: int) -> dict:
+    return {"size": len(ranked.keep), "asked": asked, "of": num_candidates, "corpus": str(corpus),
+            "corpus_tokens": ranked.corpus_tokens, "corpus_coverage_pct": round(100 * ranked.coverage, 3)}
 
 
 def corpus_coverage(bridge: VocabBridge, target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer,
@@ -82,6 +109,14 @@ def _resolve_mode(spec: SpeculativeConfig, bridge: VocabBridge, target_tokenizer
     return mode, f"auto: {reason}", ({} if coverage is None else coverage.to_dict())
 
 
+def _head_savings(runner: ModelRunner, flops_before: dict) -> dict:
+    """The draft head's rows now, and the multiply-adds per token its pruning saved."""
+    flops_after = runner.cost_flops_per_token()
+    return {"draft_head_rows": runner.head_rows,
+            "draft_head_macs_saved_per_token": flops_before["head"] - flops_after["head"],
+            "draft_head_macs_saved_pct": round(100 * (1 - flops_after["head"] / flops_before["head"]), 2)}
+
+
 def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer: Tokenizer,
                    max_batch: int, max_model_len: int) -> tuple[Proposer, dict]:
     """Returns (proposer, info) where info reports the vocab mode, intersection stats and head savings."""
@@ -104,13 +139,13 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
     if mode == "slem":   # the draft writes freely in its vocabulary; the target re-tokenizes its text
         if has_d2t:
             raise ValueError(f"{path}: a d2t draft head writes target ids already; use vocab_mode 'd2t', not 'slem'")
-        if spec.draft_vocab_size is not None:
-            raise ValueError("vocab_mode 'slem' keeps the draft's whole head (it writes freely); leave "
-                             "draft_vocab_size unset")
+        info = {"vocab_mode": "slem", "vocab_mode_reason": reason, "draft_path": str(path),
+                **({"tli_coverage": coverage} if coverage else {})}
+        flops_before = runner.cost_flops_per_token()
+        head_rows = _slem_head_rows(spec, runner, draft_tokenizer, info)
         proposer = build_slem_proposer(runner, bridge, target_tokenizer, draft_tokenizer,
-                                       spec.num_speculative_tokens, spec.resync_window)
-        return proposer, {"vocab_mode": "slem", "vocab_mode_reason": reason, "draft_path": str(path),
-                          "draft_head_rows": runner.head_rows, **({"tli_coverage": coverage} if coverage else {})}
+                                       spec.num_speculative_tokens, spec.resync_window, head_rows)
+        return proposer, {**info, **_head_savings(runner, flops_before)}
     flops_before = runner.cost_flops_per_token()
     info = {"vocab_mode": mode, "vocab_mode_reason": reason, "draft_path": str(path)}
     if coverage:
@@ -151,8 +186,5 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
         info["intersection"] = bridge.stats.intersection
         info["intersection_pct_of_draft"] = round(100 * bridge.stats.intersection / max(1, draft_tokenizer.vocab_size), 2)
         info["intersection_pct_of_target"] = round(100 * bridge.stats.intersection / max(1, target_tokenizer.vocab_size), 2)
-    flops_after = runner.cost_flops_per_token()
-    info["draft_head_rows"] = runner.head_rows
-    info["draft_head_macs_saved_per_token"] = flops_before["head"] - flops_after["head"]
-    info["draft_head_macs_saved_pct"] = round(100 * (1 - flops_after["head"] / flops_before["head"]), 2)
+    info.update(_head_savings(runner, flops_before))
     return DraftModelProposer(runner, vocab, spec.num_speculative_tokens), info

@@ -6,6 +6,9 @@ Per step and row: the draft's k + 1 ids -> their bytes -> the target ids of that
 After verification the draft keeps those of its own written tokens that the accepted text spells whole, and
 re-syncs the rest of the text (vocab/resync.py), so it reads the target's text in its own tokenization.
 Reading the draft's ids on the host is a second sync per step: tokenizing text cannot happen on the device.
+With draft_vocab_size the draft writes only the N ids its own tokenization of a corpus uses most (its head reads
+N rows, not the whole vocabulary: a large-vocabulary draft's head is most of its cost); the target still
+verifies the text, so the output is unchanged.
 """
 from __future__ import annotations
 
@@ -138,10 +141,16 @@ class SlemProposer:
 
 
 def build_slem_proposer(runner: ModelRunner, bridge: VocabBridge, target_tokenizer: Tokenizer,
-                        draft_tokenizer: Tokenizer, num_speculative_tokens: int, resync_window: int) -> SlemProposer:
-    """The draft keeps its whole head (it writes freely); its text reaches the target through SlemWindow."""
+                        draft_tokenizer: Tokenizer, num_speculative_tokens: int, resync_window: int,
+                        head_rows: torch.Tensor | None = None) -> SlemProposer:
+    """The draft writes freely in its vocabulary, or in the head_rows ([N] sorted draft ids, a frequency-ranked
+    head: vocab/frequency.py) it keeps; its text reaches the target through SlemWindow."""
     resync = DraftResync(bridge, target_tokenizer, draft_tokenizer, window=resync_window)
-    vocab = DraftVocab("slem", None, None, runner.vocab_rows, ResyncContextSync(resync, []))
+    head_to_draft = None
+    if head_rows is not None and len(head_rows) < runner.head_rows:
+        runner.prune_head(head_rows)   # head row j writes draft id head_rows[j]: the table maps it back
+        head_to_draft = head_rows.to(runner.device)
+    vocab = DraftVocab("slem", head_to_draft, head_to_draft, runner.vocab_rows, ResyncContextSync(resync, []))
     writer = DraftModelProposer(runner, vocab, num_speculative_tokens)
     draft_specials = draft_tokenizer.token_table.ids_of_kinds(TokenKind.SPECIAL)
     if bridge.is_identity:

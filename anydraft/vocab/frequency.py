@@ -7,8 +7,10 @@ most frequent N target tokens (as FR-Spec and EAGLE-3's 32k draft vocabularies d
 tokens on such text at a fraction of the cost. The target still verifies every token, so the output is
 unchanged whatever the cut; only acceptance can drop, when the draft's favourite token was cut.
 
-Counts are over the *target* tokenization of the corpus: a proposal is accepted only when it is the
-target's token, so that is the distribution the head must cover. Special tokens (EOS, ...) are always kept.
+Counts are over the *target* tokenization of the corpus for TLI and identity heads: a proposal is accepted only
+when it is the target's token, so that is the distribution the head must cover. A SLEM draft writes text in its
+own tokens, which the target re-tokenizes, so its head is ranked by the *draft's* tokenization of the corpus
+(the same functions, given the draft's tokenizer). Special tokens (EOS, ...) are always kept.
 """
 from __future__ import annotations
 
@@ -128,6 +130,22 @@ def most_frequent(candidate_target_ids: torch.Tensor,  # [C] target id of each c
     total = int(candidate_counts.sum())
     covered = int(candidate_counts[keep].sum())
     return RankedHead(keep=keep, coverage=covered / total if total else 0.0, corpus_tokens=total)
+
+
+def most_frequent_own_tokens(tokenizer: Tokenizer,
+                             counts: torch.Tensor,   # [V_rows] occurrences per id in the tokenizer's own tokenization
+                             num_token_rows: int,    # ids 0..num_token_rows-1 are real tokens (the rest: padding)
+                             limit: int) -> RankedHead:
+    """A SLEM draft's head: of its own tokens, the `limit` its tokenization of the corpus uses most, its specials
+    (EOS, ...) always kept. keep: the kept draft ids."""
+    draft_ids = torch.arange(num_token_rows)
+    specials = specials_among(draft_ids, tokenizer)
+    num_specials = int(specials.sum())
+    if not num_specials < limit <= num_token_rows:
+        raise ValueError(f"draft_vocab_size {limit} is out of range for this draft: give more than its {num_specials} "
+                         f"special tokens (always kept) and at most its {num_token_rows} tokens, or leave "
+                         f"draft_vocab_size unset to keep the whole head")
+    return most_frequent(draft_ids, counts, specials, limit)
 
 
 def coverage_report(candidate_target_ids: torch.Tensor,  # [C] target ids a draft head may propose

@@ -21,6 +21,14 @@ tokens of a step drafting k is AL(a, k) = 1 + a + ... + a^k. At the shipped pair
 likely to pay for itself, above it TLI, which also serves sampling, keeps its edge. The threshold is a model,
 not a measurement: `anydraft advise` measures the AL the chosen mode reaches.
 
+When auto picks SLEM it also cuts the draft's head (slem_head_size): to the smallest power of two that keeps
+SLEM_HEAD_COVERAGE of the draft's own tokenization of the same corpus (vocab/frequency.py), when that is smaller
+than the draft's vocabulary. A draft writes few distinct tokens in a domain, and a large-vocabulary draft's head
+is most of its forward (qwen3-draft: 151936 rows × 192 against one 192-wide layer); the cut changes proposals only
+where the draft's favourite falls outside it, never the output. Measured on mistral-target + qwen3-draft, GSM8K
+(bench/results/2026-11-30-slem/): qwen3's 99% size there is 7372, so 8192 rows: the same AL as the whole head at
+fixed k = 5 (3.15), draft time per step ~6× lower. An explicit draft_vocab_size overrides the rule.
+
 The corpus decides, so auto needs the operator's in-domain text (vocab_mode_corpus).
 On GSM8K train, qwen3 <-> smollm2 gives c ≈ 0.966 (TLI) and qwen3 <-> mistral c ≈ 0.940 (SLEM); on a few
 paragraphs mixing prose, code, tabs and CJK the same pairs give 0.898 and 0.879. No built-in text can stand
@@ -38,6 +46,7 @@ if TYPE_CHECKING:
     from .bridge import VocabBridge
 
 SLEM_COVERAGE_THRESHOLD = 0.95
+SLEM_HEAD_COVERAGE = 0.99   # share of the draft's own corpus tokens auto's SLEM head keeps
 TYPICAL_ACCEPTANCE = 0.85   # per-position acceptance of the shipped cross-vocabulary pairs (README, GSM8K)
 TYPICAL_K = 5               # the default num_speculative_tokens
 
@@ -100,3 +109,13 @@ def choose_vocab_mode(same_vocabulary: bool, has_d2t: bool, coverage: TliCoverag
     if c < threshold:
         return "slem", f"{measured}, below {100 * threshold:g}% ({loss}): SLEM lets the draft write freely"
     return "tli", f"{measured}, at least {100 * threshold:g}% ({loss}): TLI"
+
+
+def slem_head_size(rows_for_coverage: int | None, num_token_rows: int) -> int | None:
+    """Head rows auto gives a SLEM draft: rows_for_coverage (the top-N cut keeping SLEM_HEAD_COVERAGE of the draft's
+    own tokenization of the corpus: frequency.coverage_report) rounded up to a power of two; None (the whole head)
+    when that is not smaller than the draft's vocabulary or the corpus gave no such N."""
+    if not rows_for_coverage:
+        return None
+    size = 1 << (rows_for_coverage - 1).bit_length()
+    return size if size < num_token_rows else None

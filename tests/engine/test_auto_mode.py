@@ -54,6 +54,14 @@ def test_low_coverage_is_slem(ckpts, corpus):
     if "slem" in VOCAB_MODES:
         info = _llm(ckpts.qwen3_target, ckpts.llama2_draft, vocab_mode_corpus=corpus).draft_info
         assert info["vocab_mode"] == "slem" and "below 95%" in info["vocab_mode_reason"]
+        # and cuts the draft's head to the power of two keeping 99% of llama2's own tokens of the corpus
+        head = info["draft_vocab"]
+        assert head["corpus"] == corpus and head["corpus_coverage_pct"] >= 99 and "power of two" in head["rule"]
+        assert info["draft_head_rows"] == head["size"] < 32000 and head["size"] & (head["size"] - 1) == 0
+        smaller = _llm(ckpts.qwen3_target, ckpts.llama2_draft, vocab_mode_corpus=corpus,
+                       draft_vocab_size=head["size"] // 2, draft_vocab_corpus=corpus).draft_info
+        assert smaller["draft_head_rows"] == head["size"] // 2 and smaller["draft_vocab"]["corpus_coverage_pct"] < 99
+        assert "rule" not in smaller["draft_vocab"]   # an explicit draft_vocab_size overrides auto's
     else:
         with pytest.raises(ValueError, match=r"auto' chose 'slem'.*below 95%.*pass vocab_mode 'tli'"):
             _llm(ckpts.qwen3_target, ckpts.llama2_draft, vocab_mode_corpus=corpus)

@@ -161,3 +161,50 @@ def test_slem_reports_its_draft_runner_like_every_draft(slem_models, llms):
     llm = llms.get(slem_models("gpt2"), slem_models("gpt2", "llama2"), k=K, vocab_mode="slem")
     assert llm.proposer.runner is llm.proposer.writer.runner
     assert set(llm.kernels) == {"target", "draft"}
+
+
+HEAD_ROWS = 2048   # of qwen3's 151669 tokens: cut hard, so the whole head's favourite is often not writable
+
+
+def test_frequency_ranked_head_matches_target_alone(slem_models, llms, prompts, draft_vocab_corpus, monkeypatch):
+    """A SLEM draft whose head keeps only the draft ids its own tokenization of a corpus uses most writes only
+    those ids (its EOS among them), proposes other text than the whole head would, and the output stays the
+    target's."""
+    target_dir, draft_dir = slem_models("mistral_v0.1"), slem_models("mistral_v0.1", "qwen3")
+    whole = llms.get(target_dir, draft_dir, k=K, vocab_mode="slem")
+    cut = llms.get(target_dir, draft_dir, k=K, vocab_mode="slem", draft_vocab_size=HEAD_ROWS,
+                   draft_vocab_corpus=str(draft_vocab_corpus))
+    info = cut.draft_info
+    assert info["draft_head_rows"] == HEAD_ROWS == info["draft_vocab"]["size"] == cut.proposer.runner.head_rows
+    assert 0 < info["draft_vocab"]["corpus_coverage_pct"] < 100 and info["draft_head_macs_saved_pct"] > 98
+    kept = set(cut.proposer.writer.vocab.head_to_target.tolist())
+    assert set(tokenizer_of(draft_dir).eos_token_ids) <= kept
+    written = {"whole": [], "cut": []}
+    for name, llm in (("whole", whole), ("cut", cut)):
+        real_propose = llm.proposer.writer.propose
+
+        def propose(rows, sampling, num_tokens=None, real_propose=real_propose, name=name):
+            proposal = real_propose(rows, sampling, num_tokens)
+            written[name].extend(proposal.draft_target_ids.flatten().tolist())   # draft ids (SLEM's writer)
+            return proposal
+
+        monkeypatch.setattr(llm.proposer.writer, "propose", propose)
+    batch = ADVERSARIAL_PROMPTS + [prompts[2], prompts[5]]
+    max_tokens = [20, 16, 24, 12]
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens]
+    outputs = cut.generate(batch, params)
+    whole.generate(batch, params)
+    for prompt, n, out in zip(batch, max_tokens, outputs):
+        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:30]!r}"
+    assert written["cut"] and set(written["cut"]) <= kept
+    assert set(written["whole"]) - kept, "the cut never binds: choose fewer HEAD_ROWS"
+    assert sum(o.metrics["num_accepted"] for o in outputs) > 0
+
+
+@pytest.mark.parametrize("head_rows", [1, 151670])
+def test_frequency_ranked_head_out_of_range_is_refused(slem_models, draft_vocab_corpus, head_rows):
+    from anydraft.llm import LLM
+    with pytest.raises(ValueError, match=r"draft_vocab_size \d+ is out of range .* at most its 151669 tokens"):
+        LLM(model=str(slem_models("mistral_v0.1")), dtype="float64", device="cpu", max_model_len=64,
+            speculative_config={"model": str(slem_models("mistral_v0.1", "qwen3")), "vocab_mode": "slem",
+                                "draft_vocab_size": head_rows, "draft_vocab_corpus": str(draft_vocab_corpus)})

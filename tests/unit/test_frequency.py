@@ -9,7 +9,8 @@ import torch
 
 from anydraft.config import SpeculativeConfig
 from anydraft.vocab import frequency
-from anydraft.vocab.frequency import count_target_tokens, load_or_count, most_frequent, read_corpus
+from anydraft.vocab.frequency import count_target_tokens, load_or_count, most_frequent, most_frequent_own_tokens, \
+    read_corpus
 
 
 def test_read_corpus_jsonl_joins_string_fields_of_each_line(tmp_path):
@@ -65,6 +66,33 @@ def test_counts_are_the_target_tokenization(load_tokenizer):
         for token_id in tokenizer.encode(document, add_special_tokens=False):
             expected[token_id] += 1
     assert torch.equal(counts, expected) and int(counts.sum()) > 10
+
+
+def test_slem_head_ranks_the_drafts_own_tokenization_and_keeps_its_specials(load_tokenizer):
+    """SLEM's draft writes its own tokens: its head keeps the ids its own tokenization of the corpus uses most
+    (not the target's), ties by lower id, its specials whatever their count."""
+    draft = load_tokenizer("mistral_v0.1")   # SentencePiece: writes " clips" as "▁cl" + "ips", " sold" whole
+    documents = ["clips clips clips sold sold", "sold clips May"]
+    counts = count_target_tokens(draft, documents, draft.vocab_size)
+    by_count = sorted((-int(n), i) for i, n in enumerate(counts.tolist()) if n)
+    specials = sorted(draft.special_ids)
+    limit = len(specials) + 3
+    ranked = most_frequent_own_tokens(draft, counts, draft.vocab_size, limit)
+    assert ranked.keep.tolist() == sorted(specials + [i for _, i in by_count[:3]])
+    assert draft.eos_token_ids[0] in ranked.keep.tolist()
+    kept_words = {draft.decode([i]).strip() for _, i in by_count[:3]}
+    assert kept_words == {"cl", "ips", "sold"}   # the draft's pieces of the two most used words
+    assert ranked.coverage == pytest.approx(sum(-n for n, _ in by_count[:3]) / int(counts.sum()))
+
+
+@pytest.mark.parametrize("limit", [0, 3, 32001])
+def test_slem_head_out_of_range_says_what_to_change(load_tokenizer, limit):
+    draft = load_tokenizer("mistral_v0.1")   # 32000 tokens, 3 specials (<unk>, <s>, </s>)
+    counts = torch.ones(draft.vocab_size, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"draft_vocab_size {limit} is out of range.*more than its 3 special.*"
+                                         f"at most its 32000 tokens.*unset"):
+        most_frequent_own_tokens(draft, counts, draft.vocab_size, limit)
+    assert len(most_frequent_own_tokens(draft, counts, draft.vocab_size, 4).keep) == 4
 
 
 def test_counts_cache_is_keyed_by_corpus_contents(load_tokenizer, tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ import torch
 
 from anydraft.vocab.bridge import BridgeStats, VocabBridge
 from anydraft.vocab.mode_choice import (SLEM_COVERAGE_THRESHOLD, TliCoverage, choose_vocab_mode,
-                                        modeled_acceptance_length, modeled_tli_al_loss, tli_coverage)
+                                        modeled_acceptance_length, modeled_tli_al_loss, slem_head_size,
+                                        tli_coverage)
 
 HIGH = TliCoverage(target_side=0.99, draft_side=0.995, corpus="in-domain.jsonl")
 LOW = TliCoverage(target_side=0.97, draft_side=0.90, corpus="in-domain.jsonl")
@@ -80,3 +81,14 @@ def test_coverage_counts_occurrences_on_each_side():
     assert coverage.combined == pytest.approx(0.6)
     with pytest.raises(ValueError, match="no tokens"):
         tli_coverage(bridge, torch.zeros(3, dtype=torch.long), draft_counts, "empty.txt")
+
+
+@pytest.mark.parametrize("rows_for_coverage, num_token_rows, expected", [
+    (7372, 151669, 8192),    # qwen3's own tokens of GSM8K train: 99% in 7372 rows
+    (4096, 151669, 4096),    # a power of two already
+    (1, 32000, 1),
+    (20000, 32000, None),    # 32768 is not a cut of a 32000-token vocabulary: keep the whole head
+    (None, 32000, None),     # the corpus gave no such size
+])
+def test_slem_head_size_rounds_the_99pct_cut_up_to_a_power_of_two(rows_for_coverage, num_token_rows, expected):
+    assert slem_head_size(rows_for_coverage, num_token_rows) == expected
