@@ -20,6 +20,12 @@ class SamplingBatch:
         """Whether some row is greedy (host fact: logits_to_probs skips its one-hot pass when none is)."""
         return any(r is None for r in self.randoms)
 
+    @property
+    def untruncated(self) -> bool:
+        """Every row samples from its full softmax(logits / T): no greedy row, no top-k / top-p (host fact). Then
+        a native sampling head can draw the tokens without the probabilities (ModelRunner.sample_ids)."""
+        return self.top_k is None and self.top_p is None and not self.any_greedy
+
 
 @dataclass
 class Proposal:
