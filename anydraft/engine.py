@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -211,6 +211,7 @@ class Engine:
         t0 = time.perf_counter()
         sampling = self._sampling_batch(step_requests)
         k = self.k if self.speculation is None else self.speculation.choose(len(rows))   # 0 = plain decode
+        sampling = self._couple(sampling, k)                                               # noise keys, or as is
         proposal = self.proposer.propose(rows, sampling, k)                                # [B, k] target ids
         width = proposal.draft_target_ids.shape[1]   # k, or fewer when every row proposes fewer (ragged, SLEM)
         counts = proposal.num_draft_tokens or [width] * len(rows)
@@ -245,15 +246,27 @@ class Engine:
         hidden = self.target.forward(rows, target_input)
         if sampling is None:
             return self.target.greedy_ids(hidden)
-        if target_input.shape[1] == 1 and self._samples_natively(sampling):
-            return self.target.sample_ids(hidden, sampling.temperature,
-                                          draw_keys(sampling.randoms, 1, self.target.device))      # [B, 1]
+        if sampling.keys is not None:   # coupled: the target's own draw at every position
+            return self.target.sample_ids(hidden, sampling.temperature, sampling.keys[:, :target_input.shape[1]])
         return self.target.logits(hidden)
 
     def _samples_natively(self, sampling: SamplingBatch) -> bool:
         """The target's own draw needs no probabilities: a native sampling head and full-softmax rows (else the
         PyTorch path: logits, logits_to_probs, sample_from_probs)."""
         return self.target.samples_natively and sampling.untruncated
+
+    def _couple(self, sampling: SamplingBatch | None, k: int) -> SamplingBatch | None:
+        """Coupled draws where both sides can (a native sampling head on the target, a proposer that draws with the
+        same noise, or nothing drafted): the target draws its own token at each of the k+1 positions (Gumbel-max,
+        position i's noise from key i) and a draft is accepted iff it equals the target's draw there. Lossless: the
+        emitted tokens are the target's own draws, and a draft at position i sees only position i's noise, so whether
+        position i is reached depends on earlier positions' noise only. No probabilities, no logits: the step costs
+        what a greedy one does. Else (top-k/top-p, greedy rows, other heads or proposers) rejection sampling."""
+        if sampling is None or not self._samples_natively(sampling):
+            return sampling
+        if k and not getattr(self.proposer, "couples_draws", False):
+            return sampling
+        return replace(sampling, keys=draw_keys(sampling.randoms, k + 1, self.target.device))   # [B, k+1]
 
     def _verify(self, target_out, proposal: Proposal, sampling: SamplingBatch | None,
                 row_drafts: list[int]) -> VerifyOutput:

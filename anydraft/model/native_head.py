@@ -73,9 +73,12 @@ class NativeHead:
                num_rows: int,
                temperature: torch.Tensor,             # [prod(...)] > 0, one per row of hidden
                keys: torch.Tensor,                    # [prod(...)] int64: each row's noise key (see draw_keys)
+               noise_ids: torch.Tensor | None = None,  # [>= num_rows] int64 noise counter per head row; None = n
                ) -> torch.Tensor:                     # [...] long
         """A token per row drawn exactly from softmax(logits()[..., :num_rows] / T) by Gumbel-max, with the noise of
-        head row n a fixed function of (key, n): the same key and hidden state give the same token in any batch."""
+        head row n a fixed function of (key, noise_ids[n]): the same key and hidden state give the same token in any
+        batch, and two heads given the same key draw with the same noise for the same id (coupled draws)."""
+        ids = torch.empty(0, dtype=torch.long) if noise_ids is None else noise_ids.to(torch.long)
         return self.extension.sampling_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
                                             self.slack_q, self.slack_h, num_rows,
-                                            1.0 / temperature.to(torch.float64), keys)
+                                            1.0 / temperature.to(torch.float64), keys, ids)

@@ -42,11 +42,11 @@ inline double gumbel(uint64_t key, int64_t n) {
   return -std::log(-std::log(u));
 }
 
-// 8 lanes of splitmix64 for rows n0 + lane (AVX512DQ's 64-bit multiply).
-inline __m512i splitmix64x8(uint64_t key, int64_t n0) {
-  const __m512i lane = _mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1);
-  __m512i z = _mm512_add_epi64(_mm512_set1_epi64(int64_t(key + uint64_t(n0) * GOLDEN_GAMMA)),
-                               _mm512_mullo_epi64(lane, _mm512_set1_epi64(int64_t(GOLDEN_GAMMA))));
+// 8 lanes of splitmix64 for the counters n (AVX512DQ's 64-bit multiply).
+inline __m512i splitmix64x8(uint64_t key, __m512i n) {
+  __m512i z = _mm512_add_epi64(_mm512_set1_epi64(int64_t(key)),
+                               _mm512_mullo_epi64(_mm512_add_epi64(n, _mm512_set1_epi64(1)),
+                                                  _mm512_set1_epi64(int64_t(GOLDEN_GAMMA))));
   z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64(int64_t(0xBF58476D1CE4E5B9ull)));
   z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64(int64_t(0x94D049BB133111EBull)));
   return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
@@ -71,11 +71,11 @@ inline __m512 log16(__m512 x) {
   return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147181f), _mm512_mul_ps(p, s));
 }
 
-// Upper bounds on the exact noise of rows n0 .. n0+15: u_n < (top 24 bits + 1) 2^-24 =: v and the Gumbel is
-// increasing in u, so g_n < -log(-log(v)) (+inf for v = 1), plus a margin over log16's error.
-inline __m512 gumbel_bound16(uint64_t key, int64_t n0) {
-  const __m256i lo = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64x8(key, n0), 40));
-  const __m256i hi = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64x8(key, n0 + 8), 40));
+// Upper bounds on the exact noise of 16 rows with noise counters lo (first 8) and hi: u < (top 24 bits + 1) 2^-24
+// =: v and the Gumbel is increasing in u, so g < -log(-log(v)) (+inf for v = 1), plus a margin over log16's error.
+inline __m512 gumbel_bound16(uint64_t key, __m512i counters_lo, __m512i counters_hi) {
+  const __m256i lo = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64x8(key, counters_lo), 40));
+  const __m256i hi = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64x8(key, counters_hi), 40));
   const __m512i top = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
   const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(top, _mm512_set1_epi32(1))), _mm512_set1_ps(0x1p-24f));
   const __m512 exp_noise = _mm512_sub_ps(_mm512_setzero_ps(), log16(v));   // -log v >= 0 (0 for v = 1)
@@ -98,10 +98,13 @@ struct BestDouble {  // running argmax: the larger value, the lower index on tie
 }  // namespace
 
 // One token per row of hidden [..., K]: argmax over rows [0, num_rows) of head_logits(hidden, weight) / T + g,
-// T = 1 / inv_temperature[m] (float64, > 0), g from keys[m] (int64, any bits). The screen's tensors as greedy_head.
+// T = 1 / inv_temperature[m] (float64, > 0), g of head row n from keys[m] (int64, any bits) and the counter
+// noise_ids[n] (int64 [>= num_rows]; empty: n itself). A head whose rows stand for other ids (a draft's head over a
+// target vocabulary) passes those ids, so that the draft and the target draw with the same noise per id.
+// The screen's tensors as greedy_head.
 torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                             torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows,
-                            torch::Tensor inv_temperature, torch::Tensor keys) {
+                            torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids) {
   auto x = hidden.reshape({-1, hidden.size(-1)}).to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), groups = K / 4;
   const int64_t blocks = (num_rows + 15) / 16;
@@ -113,6 +116,12 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   const double* invp = inv_t.data_ptr<double>();
   const uint64_t* kp = reinterpret_cast<const uint64_t*>(key_t.data_ptr<int64_t>());
   for (int64_t m = 0; m < M; ++m) TORCH_CHECK(invp[m] > 0 && std::isfinite(invp[m]), "sampling_head: temperature must be > 0");
+  auto ids_t = noise_ids.to(at::kLong).contiguous();
+  const bool mapped = ids_t.numel() > 0;
+  TORCH_CHECK(!mapped || ids_t.numel() >= num_rows, "sampling_head: a noise id per head row");
+  // Padded to whole blocks (the padding lanes are never candidates).
+  std::vector<int64_t> counters(blocks * 16);
+  for (int64_t n = 0; n < blocks * 16; ++n) counters[n] = mapped ? ids_t.data_ptr<int64_t>()[std::min(n, num_rows - 1)] : n;
   const float* xp = x.data_ptr<float>();
   const std::vector<uint16_t> xb = to_bf16(xp, M * K);   // exact: hidden is bf16
   const uint16_t* wp = bf16_ptr(weight);
@@ -171,7 +180,8 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
             // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
             const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
             const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);
-            upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], n));
+            upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], _mm512_loadu_si512(counters.data() + n),
+                                                            _mm512_loadu_si512(counters.data() + n + 8)));
             upper = _mm512_fmadd_ps(_mm512_abs_ps(upper), _mm512_set1_ps(1e-6f), upper);   // the sum's rounding
           }
           _mm512_storeu_ps(bound.data() + m * padded + n, upper);
@@ -192,7 +202,7 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   // The exact perturbed value of head row n for activation row m: the bf16 logit (head_logits' value) / T + g.
   auto perturbed = [&](int64_t m, const float* logits, const int64_t* rows, int64_t count, BestDouble& best) {
     for (int64_t i = 0; i < count; ++i)
-      best.offer(double(logits[i]) * invp[m] + gumbel(kp[m], rows[i]), rows[i]);
+      best.offer(double(logits[i]) * invp[m] + gumbel(kp[m], counters[rows[i]]), rows[i]);
   };
   std::vector<BestDouble> best(M);
   std::vector<float> threshold(M);
