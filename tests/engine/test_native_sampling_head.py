@@ -18,16 +18,26 @@ pytestmark = pytest.mark.skipif(HARDWARE is not None or not cpu_has("avx512_vnni
                                 reason=f"hardware: {HARDWARE or 'this CPU lacks AVX512-VNNI'}")
 
 P_VALUE_MIN = 1e-3
-GOLDEN_GAMMA = 0x9E3779B97F4A7C15
-MASK64 = (1 << 64) - 1
+MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def _splitmix64(key: int, n: np.ndarray) -> np.ndarray:   # the kernel's noise stream, in numpy uint64
-    with np.errstate(over="ignore"):
-        z = np.uint64(key & MASK64) + (n.astype(np.uint64) + np.uint64(1)) * np.uint64(GOLDEN_GAMMA)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+def _lowbias32(x: np.ndarray) -> np.ndarray:   # uint64 arrays holding 32-bit values
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & MASK32
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & MASK32
+    return x ^ (x >> np.uint64(16))
+
+
+def _uniforms(key: int, n: np.ndarray) -> np.ndarray:
+    """The kernel's noise stream (sampling_head.cpp): z = hash_high << 32 | hash_low, u = ((z >> 11) + 1/2) 2^-53."""
+    key &= (1 << 64) - 1
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    n = n.astype(np.uint64)
+    high = _lowbias32(_lowbias32((n * np.uint64(0x9E3779B9) + k0) & MASK32) ^ k1)
+    low = _lowbias32(_lowbias32((n * np.uint64(0x85EBCA6B) + k1) & MASK32) ^ k0 ^ np.uint64(0x5BD1E995))
+    z = (high << np.uint64(32)) | low
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
 
 
 def _reference(head: NativeHead, hidden: torch.Tensor, num_rows: int, temperature: torch.Tensor,
@@ -37,7 +47,7 @@ def _reference(head: NativeHead, hidden: torch.Tensor, num_rows: int, temperatur
     rows = np.arange(num_rows)
     out = []
     for m in range(logits.shape[0]):
-        u = ((_splitmix64(int(keys[m]), rows) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+        u = _uniforms(int(keys[m]), rows)
         perturbed = logits[m] * (1.0 / float(temperature[m])) + -np.log(-np.log(u))
         out.append(int(np.argmax(perturbed)))
     return torch.tensor(out).view(hidden.shape[:-1])

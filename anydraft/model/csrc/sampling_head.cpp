@@ -9,9 +9,11 @@
 // noise in float64). The answer is the exact Gumbel-max over all rows; nothing is approximate but float64
 // rounding of the noise (as the inverse-CDF draw of sampling.py rounds its sums).
 //
-// Noise: g_n = -log(-log(u_n)), u_n = ((z >> 11) + 1/2) 2^-53 with z = splitmix64(key + (n + 1) * golden gamma):
-// a counter-based stream, one 64-bit key per activation row (drawn from the request's generator), so a seeded
-// request draws the same token whatever its batch-mates, its position in the batch or the thread count.
+// Noise: g_n = -log(-log(u_n)), u_n = ((z >> 11) + 1/2) 2^-53 with z = (h(n, key) << 32) | h'(n, key), two keyed
+// 32-bit hashes of the counter n (lowbias32 rounds with the key's halves mixed in): a counter-based stream, one
+// 64-bit key per activation row (drawn from the request's generator), so a seeded request draws the same token
+// whatever its batch-mates, its position in the batch or the thread count. The bound needs only h (z's top 24
+// bits), 16 rows per vector.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -27,29 +29,42 @@ using namespace anydraft_native;
 
 namespace {
 
-constexpr uint64_t GOLDEN_GAMMA = 0x9E3779B97F4A7C15ull;
-
-inline uint64_t splitmix64(uint64_t key, uint64_t n) {
-  uint64_t z = key + (n + 1) * GOLDEN_GAMMA;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+inline uint32_t lowbias32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
 }
 
-// The exact noise of head row n: float64 Gumbel of a 53-bit uniform in (0, 1).
+inline uint32_t hash_high(uint64_t key, uint32_t n) {   // z's high half
+  return lowbias32(lowbias32(n * 0x9E3779B9u + uint32_t(key)) ^ uint32_t(key >> 32));
+}
+
+inline uint32_t hash_low(uint64_t key, uint32_t n) {    // z's low half
+  return lowbias32(lowbias32(n * 0x85EBCA6Bu + uint32_t(key >> 32)) ^ uint32_t(key) ^ 0x5BD1E995u);
+}
+
+// The exact noise of noise counter n: float64 Gumbel of a 53-bit uniform in (0, 1).
 inline double gumbel(uint64_t key, int64_t n) {
-  const double u = (double(splitmix64(key, uint64_t(n)) >> 11) + 0.5) * 0x1p-53;
+  const uint64_t z = (uint64_t(hash_high(key, uint32_t(n))) << 32) | hash_low(key, uint32_t(n));
+  const double u = (double(z >> 11) + 0.5) * 0x1p-53;
   return -std::log(-std::log(u));
 }
 
-// 8 lanes of splitmix64 for the counters n (AVX512DQ's 64-bit multiply).
-inline __m512i splitmix64x8(uint64_t key, __m512i n) {
-  __m512i z = _mm512_add_epi64(_mm512_set1_epi64(int64_t(key)),
-                               _mm512_mullo_epi64(_mm512_add_epi64(n, _mm512_set1_epi64(1)),
-                                                  _mm512_set1_epi64(int64_t(GOLDEN_GAMMA))));
-  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64(int64_t(0xBF58476D1CE4E5B9ull)));
-  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64(int64_t(0x94D049BB133111EBull)));
-  return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+inline __m512i lowbias32x16(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0x7FEB352Du)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0x846CA68Bu)));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+// hash_high of 16 counters.
+inline __m512i hash_high16(uint64_t key, __m512i n) {
+  const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(n, _mm512_set1_epi32(int32_t(0x9E3779B9u))),
+                                     _mm512_set1_epi32(int32_t(uint32_t(key))));
+  return lowbias32x16(_mm512_xor_si512(lowbias32x16(x), _mm512_set1_epi32(int32_t(uint32_t(key >> 32)))));
 }
 
 // Natural log of 16 positive floats (0 -> -inf), abs error below 1e-6 * (1 + |log x|): exponent and mantissa in
@@ -60,7 +75,11 @@ inline __m512 log16(__m512 x) {
   const __mmask16 high = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
   m = _mm512_mask_mul_ps(m, high, m, _mm512_set1_ps(0.5f));
   e = _mm512_mask_add_ps(e, high, e, _mm512_set1_ps(1.f));
-  const __m512 s = _mm512_div_ps(_mm512_sub_ps(m, _mm512_set1_ps(1.f)), _mm512_add_ps(m, _mm512_set1_ps(1.f)));
+  // s = (m - 1) / (m + 1) by a 14-bit reciprocal and one Newton step (~2^-27 relative; a division is slower)
+  const __m512 d = _mm512_add_ps(m, _mm512_set1_ps(1.f));
+  __m512 r = _mm512_rcp14_ps(d);
+  r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+  const __m512 s = _mm512_mul_ps(_mm512_sub_ps(m, _mm512_set1_ps(1.f)), r);
   const __m512 s2 = _mm512_mul_ps(s, s);
   __m512 p = _mm512_set1_ps(2.f / 9.f);
   p = _mm512_fmadd_ps(p, s2, _mm512_set1_ps(2.f / 7.f));
@@ -71,12 +90,10 @@ inline __m512 log16(__m512 x) {
   return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147181f), _mm512_mul_ps(p, s));
 }
 
-// Upper bounds on the exact noise of 16 rows with noise counters lo (first 8) and hi: u < (top 24 bits + 1) 2^-24
-// =: v and the Gumbel is increasing in u, so g < -log(-log(v)) (+inf for v = 1), plus a margin over log16's error.
-inline __m512 gumbel_bound16(uint64_t key, __m512i counters_lo, __m512i counters_hi) {
-  const __m256i lo = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64x8(key, counters_lo), 40));
-  const __m256i hi = _mm512_cvtepi64_epi32(_mm512_srli_epi64(splitmix64x8(key, counters_hi), 40));
-  const __m512i top = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+// Upper bounds on the exact noise of 16 rows with these noise counters: u < (z's top 24 bits + 1) 2^-24 =: v and
+// the Gumbel is increasing in u, so g < -log(-log(v)) (+inf for v = 1), plus a margin over log16's error.
+inline __m512 gumbel_bound16(uint64_t key, __m512i counters) {
+  const __m512i top = _mm512_srli_epi32(hash_high16(key, counters), 8);
   const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(top, _mm512_set1_epi32(1))), _mm512_set1_ps(0x1p-24f));
   const __m512 exp_noise = _mm512_sub_ps(_mm512_setzero_ps(), log16(v));   // -log v >= 0 (0 for v = 1)
   const __m512 g = _mm512_sub_ps(_mm512_setzero_ps(), log16(exp_noise));    // +inf for v = 1
@@ -120,8 +137,9 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   const bool mapped = ids_t.numel() > 0;
   TORCH_CHECK(!mapped || ids_t.numel() >= num_rows, "sampling_head: a noise id per head row");
   // Padded to whole blocks (the padding lanes are never candidates).
-  std::vector<int64_t> counters(blocks * 16);
-  for (int64_t n = 0; n < blocks * 16; ++n) counters[n] = mapped ? ids_t.data_ptr<int64_t>()[std::min(n, num_rows - 1)] : n;
+  std::vector<int32_t> counters(blocks * 16);   // noise ids are vocabulary ids: below 2^31
+  for (int64_t n = 0; n < blocks * 16; ++n)
+    counters[n] = int32_t(mapped ? ids_t.data_ptr<int64_t>()[std::min(n, num_rows - 1)] : n);
   const float* xp = x.data_ptr<float>();
   const std::vector<uint16_t> xb = to_bf16(xp, M * K);   // exact: hidden is bf16
   const uint16_t* wp = bf16_ptr(weight);
@@ -180,8 +198,7 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
             // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
             const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
             const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);
-            upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], _mm512_loadu_si512(counters.data() + n),
-                                                            _mm512_loadu_si512(counters.data() + n + 8)));
+            upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], _mm512_loadu_si512(counters.data() + n)));
             upper = _mm512_fmadd_ps(_mm512_abs_ps(upper), _mm512_set1_ps(1e-6f), upper);   // the sum's rounding
           }
           _mm512_storeu_ps(bound.data() + m * padded + n, upper);
