@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -15,7 +15,8 @@ from .scheduler import Scheduler
 from .tensors import host_to_device
 from .spec_decode.adaptive import AdaptiveSpeculation
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
-from .spec_decode.sampling import RowRandom, draw_noise, draw_uniforms, logits_to_probs, sample_from_probs
+from .spec_decode.sampling import (RowRandom, draw_keys, draw_noise, draw_uniforms, logits_to_probs,
+                                     sample_from_probs)
 from .spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
 from .tokenizer import Tokenizer
 
@@ -186,6 +187,9 @@ class Engine:
         sampling = self._sampling_batch(requests)
         if sampling is None:
             return self.target.greedy_ids(last_hidden)[:, 0].tolist()
+        if self._samples_natively(sampling):
+            return self.target.sample_ids(last_hidden, sampling.temperature,
+                                          draw_keys(sampling.randoms, 1, self.target.device))[:, 0].tolist()
         target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
                                        sampling.top_p, sampling.any_greedy)                 # [A, 1, V_target]
         uniforms = draw_uniforms(sampling.randoms, 1, target_probs.device)                 # [A, 1]
@@ -207,6 +211,7 @@ class Engine:
         t0 = time.perf_counter()
         sampling = self._sampling_batch(step_requests)
         k = self.k if self.speculation is None else self.speculation.choose(len(rows))   # 0 = plain decode
+        sampling = self._couple(sampling, k)                                               # noise keys, or as is
         proposal = self.proposer.propose(rows, sampling, k)                                # [B, k] target ids
         width = proposal.draft_target_ids.shape[1]   # k, or fewer when every row proposes fewer (ragged, SLEM)
         counts = proposal.num_draft_tokens or [width] * len(rows)
@@ -234,11 +239,34 @@ class Engine:
 
     def _target_forward(self, rows: list[int], proposal: Proposal, sampling: SamplingBatch | None) -> torch.Tensor:
         """The target over [last verified token, k drafts]: its greedy ids [B, k+1] when every row is greedy
-        (the runner need not compute all logits for an argmax), else its logits [B, k+1, V_target]."""
+        (the runner need not compute all logits for an argmax); with nothing drafted, its drawn ids [B, 1] where the
+        runner samples natively (nor does a draw need them); else its logits [B, k+1, V_target]."""
         last = host_to_device([[self.last_target_id[r]] for r in rows], self.target.device, torch.long)
         target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
         hidden = self.target.forward(rows, target_input)
-        return self.target.greedy_ids(hidden) if sampling is None else self.target.logits(hidden)
+        if sampling is None:
+            return self.target.greedy_ids(hidden)
+        if sampling.keys is not None:   # coupled: the target's own draw at every position
+            return self.target.sample_ids(hidden, sampling.temperature, sampling.keys[:, :target_input.shape[1]])
+        return self.target.logits(hidden)
+
+    def _samples_natively(self, sampling: SamplingBatch) -> bool:
+        """The target's own draw needs no probabilities: a native sampling head and full-softmax rows (else the
+        PyTorch path: logits, logits_to_probs, sample_from_probs)."""
+        return self.target.samples_natively and sampling.untruncated
+
+    def _couple(self, sampling: SamplingBatch | None, k: int) -> SamplingBatch | None:
+        """Coupled draws where both sides can (a native sampling head on the target, a proposer that draws with the
+        same noise, or nothing drafted): the target draws its own token at each of the k+1 positions (Gumbel-max,
+        position i's noise from key i) and a draft is accepted iff it equals the target's draw there. Lossless: the
+        emitted tokens are the target's own draws, and a draft at position i sees only position i's noise, so whether
+        position i is reached depends on earlier positions' noise only. No probabilities, no logits: the step costs
+        what a greedy one does. Else (top-k/top-p, greedy rows, other heads or proposers) rejection sampling."""
+        if sampling is None or not self._samples_natively(sampling):
+            return sampling
+        if k and not getattr(self.proposer, "couples_draws", False):
+            return sampling
+        return replace(sampling, keys=draw_keys(sampling.randoms, k + 1, self.target.device))   # [B, k+1]
 
     def _verify(self, target_out, proposal: Proposal, sampling: SamplingBatch | None,
                 row_drafts: list[int]) -> VerifyOutput:
@@ -246,7 +274,7 @@ class Engine:
         # Ragged only when some request drafts fewer than the step's k (it opted out of speculation or capped it).
         num_draft_tokens = (None if all(n == k for n in row_drafts)
                             else host_to_device(row_drafts, target_out.device, torch.long))        # [B]
-        if sampling is None:
+        if sampling is None or not target_out.is_floating_point():   # ids: greedy, or drawn with nothing to verify
             return verify_greedy(target_out, proposal.draft_target_ids, num_draft_tokens)
         target_probs = logits_to_probs(target_out, sampling.temperature, sampling.top_k, sampling.top_p,
                                        sampling.any_greedy)                                 # [B, k+1, V_target]

@@ -24,7 +24,7 @@ import torch
 from ..atomic_file import write_bytes_atomically
 from .config import ModelConfig
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp")]
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp", "sampling_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
 
 

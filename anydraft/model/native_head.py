@@ -8,6 +8,8 @@ are computed in full. The argmax is that of `logits()`, ties to the lowest index
 A row whose screen leaves more than 1/64 of the head standing (degenerate activations: one huge outlier, as a
 repeated token gives) takes all its logits from the logits() kernel instead, which reads the head once for all
 such rows of the batch.
+`sample()` draws from softmax(logits() / T) the same way (csrc/sampling_head.cpp): exact Gumbel-max, the int8
+screen bounding each row's perturbed value, with counter-based noise keyed per row.
 """
 from __future__ import annotations
 
@@ -66,3 +68,17 @@ class NativeHead:
         (by the logits() kernel, reading the head once for all such rows; same values, same argmax)."""
         return self.extension.greedy_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
                                           self.slack_q, self.slack_h, num_rows)
+
+    def sample(self, hidden: torch.Tensor,            # [..., K] bf16
+               num_rows: int,
+               temperature: torch.Tensor,             # [prod(...)] > 0, one per row of hidden
+               keys: torch.Tensor,                    # [prod(...)] int64: each row's noise key (see draw_keys)
+               noise_ids: torch.Tensor | None = None,  # [>= num_rows] int64 noise counter per head row; None = n
+               ) -> torch.Tensor:                     # [...] long
+        """A token per row drawn exactly from softmax(logits()[..., :num_rows] / T) by Gumbel-max, with the noise of
+        head row n a fixed function of (key, noise_ids[n]): the same key and hidden state give the same token in any
+        batch, and two heads given the same key draw with the same noise for the same id (coupled draws)."""
+        ids = torch.empty(0, dtype=torch.long) if noise_ids is None else noise_ids.to(torch.long)
+        return self.extension.sampling_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
+                                            self.slack_q, self.slack_h, num_rows,
+                                            1.0 / temperature.to(torch.float64), keys, ids)

@@ -171,6 +171,24 @@ class ModelRunner:
             return self.native_head.greedy(hidden, self.num_token_rows)
         return greedy_argmax(self.logits(hidden))
 
+    @property
+    def samples_natively(self) -> bool:
+        """Whether sample_ids runs (the native head does); else a caller computes logits and probabilities."""
+        return self.native_head is not None
+
+    @torch.inference_mode()
+    def sample_ids(self, hidden: torch.Tensor,        # [B, S, hidden]
+                   temperature: torch.Tensor,         # [B] > 0
+                   keys: torch.Tensor,                # [B, S] int64 noise keys (sampling.draw_keys)
+                   noise_ids: torch.Tensor | None = None,  # [head_rows] id whose noise each head row draws with
+                   ) -> torch.Tensor:                 # [B, S] head rows
+        """A head row per position drawn exactly from softmax(logits(hidden) / T) (padding rows never), without
+        computing every logit: the native head's Gumbel-max (see NativeHead.sample). Only where samples_natively.
+        noise_ids: a draft head's target ids, so that its draw and the target's share their noise per target id."""
+        batch, seq = hidden.shape[:2]
+        rows_t = temperature.to(hidden.device).view(batch, 1).expand(batch, seq).reshape(-1)
+        return self.native_head.sample(hidden, self.num_token_rows, rows_t, keys.reshape(-1), noise_ids)
+
     def prefill(self, row: int, token_ids: list[int], chunk: int = 512) -> torch.Tensor | None:
         """Put a prompt into one row's cache; returns the hidden state at its last token [1, 1, hidden]."""
         return self.prefill_rows([row], [token_ids], chunk)

@@ -59,6 +59,12 @@ class DraftModelProposer:
             self.runner.cache.truncate(row, cached)
         return draft_ids[cached:]
 
+    @property
+    def couples_draws(self) -> bool:
+        """Whether _draft can draw with the step's noise keys (a native sampling head), the target's noise per
+        target id: then a draft equals the target's own draw as often as Gumbel coupling allows."""
+        return self.runner.samples_natively
+
     def draft_forwards(self, num_tokens: int) -> int:
         """The pending tokens and the first draft in one forward, then one per further draft."""
         return num_tokens
@@ -85,7 +91,7 @@ class DraftModelProposer:
         batch = len(rows)
         draft_target_ids = torch.full((batch, k), FULL_ROW_PROPOSAL, dtype=torch.long, device=self.device)
         draft_probs = None
-        if sampling is not None:
+        if sampling is not None and sampling.keys is None:
             draft_probs = torch.zeros(batch, k, self.vocab.target_vocab_rows, device=self.device)
             draft_probs[..., FULL_ROW_PROPOSAL] = 1.0
         if live:
@@ -94,7 +100,8 @@ class DraftModelProposer:
                 sampling, temperature=sampling.temperature[index],
                 top_k=None if sampling.top_k is None else sampling.top_k[index],
                 top_p=None if sampling.top_p is None else sampling.top_p[index],
-                randoms=[sampling.randoms[i] for i in live])
+                randoms=[sampling.randoms[i] for i in live],
+                keys=None if sampling.keys is None else sampling.keys[index])
             drafted = self._draft([rows[i] for i in live], [pending[i] for i in live], live_sampling, k)
             draft_target_ids[index] = drafted.draft_target_ids
             if draft_probs is not None:   # a rare path (a full draft cache): q over the whole target vocabulary
@@ -113,11 +120,15 @@ class DraftModelProposer:
         last = host_to_device(lengths, self.device, torch.long) - 1
         hidden = hidden[torch.arange(len(rows), device=self.device), last][:, None]      # [B, 1, hidden]
         head_rows, head_probs = [], []
+        coupled = sampling is not None and sampling.keys is not None   # draws with the target's noise: no q needed
         # One draw per row for the k tokens (row i's k uniforms come from its own stream, in one call).
-        uniforms = None if sampling is None else draw_uniforms(sampling.randoms, k, self.device)   # [B, k]
+        uniforms = None if sampling is None or coupled else draw_uniforms(sampling.randoms, k, self.device)  # [B, k]
         for i in range(k):
             if sampling is None:
                 chosen = runner.greedy_ids(hidden)                                         # [B, 1] head rows
+            elif coupled:   # target position i's key, the noise of each head row's target id
+                chosen = runner.sample_ids(hidden, sampling.temperature, sampling.keys[:, i:i + 1],
+                                           self.vocab.head_to_target)                     # [B, 1] head rows
             else:
                 logits = runner.logits(hidden)                                            # [B, 1, N_head]
                 probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
@@ -128,7 +139,7 @@ class DraftModelProposer:
             if i < k - 1:
                 hidden = runner.forward(rows, self.vocab.to_draft_input(chosen))
         return self.vocab.proposal(torch.cat(head_rows, dim=1),                            # [B, k]
-                                   None if sampling is None else torch.cat(head_probs, dim=1))  # [B, k, N_head]
+                                   torch.cat(head_probs, dim=1) if head_probs else None)  # [B, k, N_head]
 
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
         k = self.num_proposed

@@ -14,11 +14,21 @@ class SamplingBatch:
     top_k: torch.Tensor | None  # [B] long, 0 = off; None = no row truncates (skips the vocabulary sort)
     top_p: torch.Tensor | None  # [B]; None = no row truncates
     randoms: list               # [B] RowRandom, one seeded stream per request; None for a greedy row
+    # [B, k+1] int64: the step's noise keys per row and position when its draws are coupled (Engine._couple): the
+    # target draws its token at position i with key i (ModelRunner.sample_ids), a coupling proposer its i-th draft
+    # with the same key, and verification accepts a draft iff it equals the target's draw. None: rejection sampling.
+    keys: torch.Tensor | None = None
 
     @property
     def any_greedy(self) -> bool:
         """Whether some row is greedy (host fact: logits_to_probs skips its one-hot pass when none is)."""
         return any(r is None for r in self.randoms)
+
+    @property
+    def untruncated(self) -> bool:
+        """Every row samples from its full softmax(logits / T): no greedy row, no top-k / top-p (host fact). Then
+        a native sampling head can draw the tokens without the probabilities (ModelRunner.sample_ids)."""
+        return self.top_k is None and self.top_p is None and not self.any_greedy
 
 
 @dataclass
@@ -44,7 +54,8 @@ class Proposer(Protocol):
     """Proposes k target tokens per row and keeps its own state in step with the target's accepted text.
 
     A proposer that cannot keep sampling lossless sets `sampling_refusal` (a message saying what to change): the
-    engine then refuses requests with temperature > 0."""
+    engine then refuses requests with temperature > 0. One whose drafts can use the step's noise keys
+    (SamplingBatch.keys) sets `couples_draws` True."""
 
     num_speculative_tokens: int
 

@@ -155,6 +155,9 @@ class RowRandom:
     def uniform(self, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:   # [k] in [0, 1)
         return torch.rand(k, generator=self.generator, device=self.device, dtype=dtype)
 
+    def keys(self, k: int) -> torch.Tensor:   # [k] int64, every bit random: keys of counter-based noise
+        return torch.randint(-2 ** 63, 2 ** 63 - 1, (k,), generator=self.generator, device=self.device)
+
 
 def draw_uniforms(row_randoms: Sequence[RowRandom | None], num: int,
                   device: torch.device | str) -> torch.Tensor:   # [B, num] float64
@@ -166,6 +169,15 @@ def draw_uniforms(row_randoms: Sequence[RowRandom | None], num: int,
         if row_random is not None:
             uniforms[row] = row_random.uniform(num, torch.float64)
     return uniforms.to(device, non_blocking=True)
+
+
+def draw_keys(row_randoms: Sequence[RowRandom], num: int, device: torch.device | str) -> torch.Tensor:   # [B, num]
+    """Row i's `num` noise keys (int64) from row_randoms[i]: a native sampling head (NativeHead.sample) derives the
+    noise of every vocabulary entry from one key, so a token costs one draw from the row's stream, as with
+    `draw_uniforms`. Every row samples (no None entries)."""
+    keys = torch.stack([row_random.keys(num) for row_random in row_randoms]) if row_randoms else \
+        torch.zeros(0, num, dtype=torch.long)
+    return keys.to(device, non_blocking=True)
 
 
 def draw_noise(row_randoms: Sequence[RowRandom | None], k: int,

@@ -1,4 +1,5 @@
-// The Python module of the native kernels: decoder.cpp (the decoder body), greedy_head.cpp (the output head).
+// The Python module of the native kernels: decoder.cpp (the decoder body), greedy_head.cpp (the output head's logits
+// and greedy token), sampling_head.cpp (its sampled token).
 #include <torch/extension.h>
 
 #include <tuple>
@@ -13,6 +14,10 @@ torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight);
 std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                           torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows);
 
+torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
+                            torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows,
+                            torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids);
+
 bool matmul_uses_amx(int64_t K);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -21,4 +26,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decoder_forward", &decoder_forward, "Llama-family decoder body, bf16, batch-invariant");
   m.def("head_logits", &head_logits, "bf16 logits of an output head, batch-invariant");
   m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");
+  m.def("sampling_head", &sampling_head, "exact Gumbel-max draw from softmax(head_logits / T), screened likewise");
 }

@@ -1,0 +1,273 @@
+// The output head's sampled token, drawn exactly from softmax(head_logits / T) without computing every logit.
+//
+// Why: on CPU a sampled token used to cost the full logits (qwen3: a read of the 58 MB bf16 head per forward,
+// then float32 copies, a softmax and a draw over 151936 entries), where greedy decoding reads only the int8 copy
+// (greedy_head.cpp). Gumbel-max makes sampling an argmax: token = argmax_n (l_n / T + g_n) with g_n iid
+// Gumbel(0, 1) is distributed exactly as softmax(l / T). The int8 screen bounds every l_n from above; a cheap
+// float32 upper bound on g_n (from the top 24 bits of its uniform) bounds every perturbed value, and only rows
+// whose bound reaches the best exact perturbed value found are computed exactly (head_logits' arithmetic, the
+// noise in float64). The answer is the exact Gumbel-max over all rows; nothing is approximate but float64
+// rounding of the noise (as the inverse-CDF draw of sampling.py rounds its sums).
+//
+// Noise: g_n = -log(-log(u_n)), u_n = ((z >> 11) + 1/2) 2^-53 with z = (h(n, key) << 32) | h'(n, key), two keyed
+// 32-bit hashes of the counter n (lowbias32 rounds with the key's halves mixed in): a counter-based stream, one
+// 64-bit key per activation row (drawn from the request's generator), so a seeded request draws the same token
+// whatever its batch-mates, its position in the batch or the thread count. The bound needs only h (z's top 24
+// bits), 16 rows per vector.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include "screen.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+using namespace anydraft_native;
+
+namespace {
+
+inline uint32_t lowbias32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+inline uint32_t hash_high(uint64_t key, uint32_t n) {   // z's high half
+  return lowbias32(lowbias32(n * 0x9E3779B9u + uint32_t(key)) ^ uint32_t(key >> 32));
+}
+
+inline uint32_t hash_low(uint64_t key, uint32_t n) {    // z's low half
+  return lowbias32(lowbias32(n * 0x85EBCA6Bu + uint32_t(key >> 32)) ^ uint32_t(key) ^ 0x5BD1E995u);
+}
+
+// The exact noise of noise counter n: float64 Gumbel of a 53-bit uniform in (0, 1).
+inline double gumbel(uint64_t key, int64_t n) {
+  const uint64_t z = (uint64_t(hash_high(key, uint32_t(n))) << 32) | hash_low(key, uint32_t(n));
+  const double u = (double(z >> 11) + 0.5) * 0x1p-53;
+  return -std::log(-std::log(u));
+}
+
+inline __m512i lowbias32x16(__m512i x) {
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0x7FEB352Du)));
+  x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 15));
+  x = _mm512_mullo_epi32(x, _mm512_set1_epi32(int32_t(0x846CA68Bu)));
+  return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
+}
+
+// hash_high of 16 counters.
+inline __m512i hash_high16(uint64_t key, __m512i n) {
+  const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(n, _mm512_set1_epi32(int32_t(0x9E3779B9u))),
+                                     _mm512_set1_epi32(int32_t(uint32_t(key))));
+  return lowbias32x16(_mm512_xor_si512(lowbias32x16(x), _mm512_set1_epi32(int32_t(uint32_t(key >> 32)))));
+}
+
+// Natural log of 16 positive floats (0 -> -inf), abs error below 1e-6 * (1 + |log x|): exponent and mantissa in
+// [sqrt(1/2), sqrt(2)), then 2 atanh(s) to s^9. Only used for bounds, which carry a margin far above its error.
+inline __m512 log16(__m512 x) {
+  __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_src);
+  __m512 e = _mm512_getexp_ps(x);
+  const __mmask16 high = _mm512_cmp_ps_mask(m, _mm512_set1_ps(1.41421356f), _CMP_GT_OQ);
+  m = _mm512_mask_mul_ps(m, high, m, _mm512_set1_ps(0.5f));
+  e = _mm512_mask_add_ps(e, high, e, _mm512_set1_ps(1.f));
+  // s = (m - 1) / (m + 1) by a 14-bit reciprocal and one Newton step (~2^-27 relative; a division is slower)
+  const __m512 d = _mm512_add_ps(m, _mm512_set1_ps(1.f));
+  __m512 r = _mm512_rcp14_ps(d);
+  r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+  const __m512 s = _mm512_mul_ps(_mm512_sub_ps(m, _mm512_set1_ps(1.f)), r);
+  const __m512 s2 = _mm512_mul_ps(s, s);
+  __m512 p = _mm512_set1_ps(2.f / 9.f);
+  p = _mm512_fmadd_ps(p, s2, _mm512_set1_ps(2.f / 7.f));
+  p = _mm512_fmadd_ps(p, s2, _mm512_set1_ps(2.f / 5.f));
+  p = _mm512_fmadd_ps(p, s2, _mm512_set1_ps(2.f / 3.f));
+  p = _mm512_fmadd_ps(p, s2, _mm512_set1_ps(2.f));
+  // x = 0: getexp gives -inf and the sum is -inf, as log(0)
+  return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147181f), _mm512_mul_ps(p, s));
+}
+
+// Upper bounds on the exact noise of 16 rows with these noise counters: u < (z's top 24 bits + 1) 2^-24 =: v and
+// the Gumbel is increasing in u, so g < -log(-log(v)) (+inf for v = 1), plus a margin over log16's error.
+inline __m512 gumbel_bound16(uint64_t key, __m512i counters) {
+  const __m512i top = _mm512_srli_epi32(hash_high16(key, counters), 8);
+  const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(top, _mm512_set1_epi32(1))), _mm512_set1_ps(0x1p-24f));
+  const __m512 exp_noise = _mm512_sub_ps(_mm512_setzero_ps(), log16(v));   // -log v >= 0 (0 for v = 1)
+  const __m512 g = _mm512_sub_ps(_mm512_setzero_ps(), log16(exp_noise));    // +inf for v = 1
+  const __m512 margin = _mm512_fmadd_ps(_mm512_abs_ps(g), _mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
+  return _mm512_add_ps(g, margin);
+}
+
+struct BestDouble {  // running argmax: the larger value, the lower index on ties
+  double value = -std::numeric_limits<double>::infinity();
+  int64_t index = -1;
+  void offer(double v, int64_t i) {
+    if (index < 0 || v > value || (v == value && i < index)) {
+      value = v;
+      index = i;
+    }
+  }
+};
+
+}  // namespace
+
+// One token per row of hidden [..., K]: argmax over rows [0, num_rows) of head_logits(hidden, weight) / T + g,
+// T = 1 / inv_temperature[m] (float64, > 0), g of head row n from keys[m] (int64, any bits) and the counter
+// noise_ids[n] (int64 [>= num_rows]; empty: n itself). A head whose rows stand for other ids (a draft's head over a
+// target vocabulary) passes those ids, so that the draft and the target draw with the same noise per id.
+// The screen's tensors as greedy_head.
+torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
+                            torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows,
+                            torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids) {
+  auto x = hidden.reshape({-1, hidden.size(-1)}).to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1), groups = K / 4;
+  const int64_t blocks = (num_rows + 15) / 16;
+  TORCH_CHECK(K % 64 == 0 && q_blocks.size(1) == groups && blocks <= q_blocks.size(0) && num_rows > 0,
+              "sampling_head: bad shapes");
+  auto inv_t = inv_temperature.to(at::kDouble).contiguous();
+  auto key_t = keys.to(at::kLong).contiguous();
+  TORCH_CHECK(inv_t.numel() == M && key_t.numel() == M, "sampling_head: one temperature and one key per row");
+  const double* invp = inv_t.data_ptr<double>();
+  const uint64_t* kp = reinterpret_cast<const uint64_t*>(key_t.data_ptr<int64_t>());
+  for (int64_t m = 0; m < M; ++m) TORCH_CHECK(invp[m] > 0 && std::isfinite(invp[m]), "sampling_head: temperature must be > 0");
+  auto ids_t = noise_ids.to(at::kLong).contiguous();
+  const bool mapped = ids_t.numel() > 0;
+  TORCH_CHECK(!mapped || ids_t.numel() >= num_rows, "sampling_head: a noise id per head row");
+  // Padded to whole blocks (the padding lanes are never candidates).
+  std::vector<int32_t> counters(blocks * 16);   // noise ids are vocabulary ids: below 2^31
+  for (int64_t n = 0; n < blocks * 16; ++n)
+    counters[n] = int32_t(mapped ? ids_t.data_ptr<int64_t>()[std::min(n, num_rows - 1)] : n);
+  const float* xp = x.data_ptr<float>();
+  const std::vector<uint16_t> xb = to_bf16(xp, M * K);   // exact: hidden is bf16
+  const uint16_t* wp = bf16_ptr(weight);
+  const int8_t* qp = q_blocks.data_ptr<int8_t>();
+  const float* sp = row_scale.data_ptr<float>();
+  const int32_t* qs = q_sum.data_ptr<int32_t>();
+  const float* sq = slack_q.data_ptr<float>();
+  const float* sh = slack_h.data_ptr<float>();
+  std::vector<uint8_t> codes;
+  std::vector<Screen> screens;
+  quantize_rows(xp, M, K, codes, screens);
+
+  // Pass 1: every row's upper bound on its perturbed value (+inf for a row without a usable screen), and per
+  // thread and lane the row with the highest bound: the seeds of the exact search.
+  const int64_t padded = blocks * 16;
+  std::vector<float> bound(M * padded);
+  const int threads = at::get_num_threads();
+  std::vector<int64_t> seeds(M * threads * 16, -1);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  // A logit is the bf16 rounding of a sum the int8 bound covers: rounding can raise it by |value| / 256, and
+  // flushed denormal partial sums by K * FLT_MIN (as greedy_head's threshold); /64 leaves room.
+  const __m512 denormal = _mm512_set1_ps(float(K) * std::numeric_limits<float>::min());
+  at::parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) {
+    int64_t* seed = &seeds[M * 16 * at::get_thread_num()];
+    std::vector<__m512> best_bound(M, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+    std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
+    __m512i accs[4];
+    for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
+      const int8_t* qb = qp + b * groups * 64;
+      const int64_t n = b * 16;
+      const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
+      const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
+      const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
+      const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
+      const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
+      for (int64_t a0 = 0; a0 < M; a0 += 4) {
+        const int64_t ac = std::min<int64_t>(4, M - a0);
+        const int32_t* c = reinterpret_cast<const int32_t*>(codes.data() + a0 * K);
+        switch (ac) {
+          case 4: int8_scores<4>(c, K, qb, groups, accs); break;
+          case 3: int8_scores<3>(c, K, qb, groups, accs); break;
+          case 2: int8_scores<2>(c, K, qb, groups, accs); break;
+          default: int8_scores<1>(c, K, qb, groups, accs); break;
+        }
+        for (int64_t j = 0; j < ac; ++j) {
+          const int64_t m = a0 + j;
+          const Screen& s = screens[m];
+          __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+          if (s.usable) {
+            const __m512i dot = _mm512_sub_epi32(accs[j], offset);   // exact integer p . q_n per lane
+            const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
+            const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
+                                                 _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
+            const __m512 logit = _mm512_add_ps(score, slack);   // >= the fp32 dot product
+            const __m512 rounded = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
+            // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
+            const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
+            const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);
+            upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], _mm512_loadu_si512(counters.data() + n)));
+            upper = _mm512_fmadd_ps(_mm512_abs_ps(upper), _mm512_set1_ps(1e-6f), upper);   // the sum's rounding
+          }
+          _mm512_storeu_ps(bound.data() + m * padded + n, upper);
+          const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, upper, best_bound[m], _CMP_GT_OQ);
+          best_bound[m] = _mm512_mask_blend_ps(better, best_bound[m], upper);
+          best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
+        }
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      alignas(64) int32_t row_ids[16];
+      _mm512_store_si512(row_ids, best_row[m]);
+      for (int l = 0; l < 16; ++l)
+        if (row_ids[l] >= 0) seed[m * 16 + l] = row_ids[l];
+    }
+  });
+
+  // The exact perturbed value of head row n for activation row m: the bf16 logit (head_logits' value) / T + g.
+  auto perturbed = [&](int64_t m, const float* logits, const int64_t* rows, int64_t count, BestDouble& best) {
+    for (int64_t i = 0; i < count; ++i)
+      best.offer(double(logits[i]) * invp[m] + gumbel(kp[m], counters[rows[i]]), rows[i]);
+  };
+  std::vector<BestDouble> best(M);
+  std::vector<float> threshold(M);
+  for (int64_t m = 0; m < M; ++m) {
+    std::vector<int64_t> rows;
+    for (int t = 0; t < threads; ++t)
+      for (int l = 0; l < 16; ++l)
+        if (seeds[(M * t + m) * 16 + l] >= 0) rows.push_back(seeds[(M * t + m) * 16 + l]);
+    std::vector<float> logits(rows.size());
+    exact_dots(xb.data() + m * K, K, wp, rows.data(), int64_t(rows.size()), logits.data());
+    perturbed(m, logits.data(), rows.data(), int64_t(rows.size()), best[m]);
+    // A row whose bound is below the best exact value (rounded down to float) cannot win.
+    const double v = best[m].value;
+    threshold[m] = std::isfinite(v) ? std::nextafter(float(v), -std::numeric_limits<float>::infinity())
+                                    : -std::numeric_limits<float>::infinity();
+  }
+
+  // Pass 2: the exact perturbed values of the rows that could still win.
+  std::vector<BestDouble> winners(M * threads);
+  at::parallel_for(0, num_rows, 4096, [&](int64_t n0, int64_t n1) {
+    BestDouble* winner = &winners[M * at::get_thread_num()];
+    std::vector<int64_t> survivors;
+    std::vector<float> exact;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* b = bound.data() + m * padded;
+      const __m512 t = _mm512_set1_ps(threshold[m]);
+      survivors.clear();
+      int64_t n = n0;
+      for (; n + 16 <= n1; n += 16)   // 16 bounds per compare; almost every block has no survivor
+        if (_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ))
+          for (int64_t i = n; i < n + 16; ++i)
+            if (!(b[i] < threshold[m])) survivors.push_back(i);
+      for (; n < n1; ++n)
+        if (!(b[n] < threshold[m])) survivors.push_back(n);
+      exact.resize(survivors.size());
+      exact_dots(xb.data() + m * K, K, wp, survivors.data(), int64_t(survivors.size()), exact.data());
+      perturbed(m, exact.data(), survivors.data(), int64_t(survivors.size()), winner[m]);
+    }
+  });
+  auto result = torch::empty({M}, hidden.options().dtype(at::kLong));
+  int64_t* rp = result.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) {
+    for (int t = 0; t < threads; ++t) {
+      const BestDouble& w = winners[M * t + m];
+      if (w.index >= 0) best[m].offer(w.value, w.index);
+    }
+    // NaN everywhere (a non-finite hidden state) wins nowhere: such a row gets its first seed, as argmax of NaN.
+    rp[m] = best[m].index >= 0 ? best[m].index : 0;
+  }
+  return result.view(hidden.sizes().slice(0, hidden.dim() - 1));
+}

@@ -1,0 +1,172 @@
+"""Sampled decoding through the native sampling head (a bf16 target on AVX-512 + VNNI): the engine draws the first
+token and the token of every step that drafts nothing (the target alone) with ModelRunner.sample_ids, never computing
+the logits; those tokens follow the exact softmax of the target's bf16 logits (chi-square, negative control: a wrong
+temperature is rejected); seeded requests reproduce whatever their batch; top-k requests take the PyTorch path.
+With a TLI draft on native kernels too, draws are coupled (Engine._couple): the draft draws with the target's noise
+per target id, a draft is accepted iff it equals the target's draw; the verified tokens still follow the exact law."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from anydraft.config import SamplingParams
+from anydraft.llm import LLM
+from anydraft.model.native_extension import cpu_has
+from anydraft.model.runner import ModelRunner
+
+from test_native_decoder import HARDWARE
+from tiny_models import TOKENIZERS, draft_on_tokenizer, make_checkpoint, write_tokenizer_variant
+
+pytestmark = pytest.mark.skipif(HARDWARE is not None or not cpu_has("avx512_vnni"),
+                                reason=f"hardware: {HARDWARE or 'this CPU lacks AVX512-VNNI'}")
+
+P_VALUE_MIN = 1e-3
+NUM_SAMPLES = 3072
+PROMPT = "The answer is"
+TEMPERATURE = 0.8
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    """A bf16-eligible target (hidden 64) on GPT-2 cut to 1024 merges (1281 tokens, 1296 rows: padding rows)."""
+    root = tmp_path_factory.mktemp("native_sampling")
+    tokenizer = write_tokenizer_variant(TOKENIZERS / "gpt2", root / "tokenizer", num_merges=1024)
+    return make_checkpoint(root / "target", "LlamaForCausalLM", tokenizer, 1296, hidden=64, layers=2, heads=4,
+                           kv_heads=2, seed=51, head_scale=6.0)
+
+
+@pytest.fixture(scope="module")
+def tli_draft(target, tmp_path_factory):
+    """The target on GPT-2 cut to 768 merges and shuffled (256 target tokens outside the intersection), noised."""
+    root = tmp_path_factory.mktemp("native_sampling_tli")
+    tokenizer = write_tokenizer_variant(TOKENIZERS / "gpt2", root / "tokenizer", shuffle_seed=43, num_merges=768)
+    return draft_on_tokenizer(target, root / "draft", tokenizer, noise=0.2, seed=44)
+
+
+@pytest.fixture(scope="module")
+def llm(target):
+    llm = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64)
+    assert llm.target.samples_natively, llm.target.kernels
+    return llm
+
+
+def _exact_probs(target, token_ids: list[int], temperature: float) -> torch.Tensor:
+    """softmax(logits / T) in float64 of the target's own bf16 logits after token_ids (a fresh runner: the native
+    kernels give every row the same values whatever the batch)."""
+    runner = ModelRunner.load(target, torch.bfloat16, torch.device("cpu"), max_batch=1, max_len=64)
+    logits = runner.logits(runner.prefill(0, token_ids))[0, 0].double()
+    num_tokens = 1281
+    return (logits[:num_tokens] / temperature).softmax(-1)
+
+
+def _p_value(tokens: list[int], probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    counts, n = Counter(tokens), len(tokens)
+    expected = probs * n
+    big = torch.nonzero(expected >= min_expected).flatten().tolist()
+    observed = [counts[t] for t in big] + [n - sum(counts[t] for t in big)]
+    wanted = [float(expected[t]) for t in big] + [n - float(expected[big].sum())]
+    return float(chisquare(observed, wanted).pvalue)
+
+
+def _generate(llm, temperature: float, seed0: int, max_tokens: int = 2, top_k: int = 0) -> list[tuple[int, ...]]:
+    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed0 + i, top_k=top_k)
+              for i in range(NUM_SAMPLES)]
+    return [tuple(o.outputs[0].token_ids) for o in llm.generate([PROMPT] * NUM_SAMPLES, params)]
+
+
+def test_native_draws_follow_the_exact_softmax(llm, target, monkeypatch):
+    calls = Counter()
+    sample_ids = llm.target.sample_ids
+    monkeypatch.setattr(llm.target, "sample_ids", lambda *a: calls.update(["sample"]) or sample_ids(*a))
+    monkeypatch.setattr(llm.target, "logits", lambda *a: pytest.fail("the native path computed the logits"))
+    outputs = _generate(llm, TEMPERATURE, seed0=0)
+    assert calls["sample"] >= 2   # the prompt's token, then plain target steps
+    prompt_ids = llm.tokenizer.encode(PROMPT)
+    first = _exact_probs(target, prompt_ids, TEMPERATURE)
+    assert first.max() < 0.9 and (first > 0.01).sum() >= 5   # spread: the test has power
+    first_tokens = [o[0] for o in outputs]
+    assert _p_value(first_tokens, first) > P_VALUE_MIN
+    assert _p_value(first_tokens, _exact_probs(target, prompt_ids, 1.2 * TEMPERATURE)) < P_VALUE_MIN   # control
+    # the second token (a plain target step) given the most common first one
+    top, _ = Counter(first_tokens).most_common(1)[0]
+    second = [o[1] for o in outputs if o[0] == top and len(o) > 1]
+    assert len(second) > 500
+    assert _p_value(second, _exact_probs(target, prompt_ids + [top], TEMPERATURE)) > P_VALUE_MIN
+
+
+def test_seeded_requests_reproduce_whatever_their_batch(llm):
+    alone = [llm.generate([PROMPT], SamplingParams(temperature=1.0, max_tokens=6, seed=s))[0].outputs[0].token_ids
+             for s in (5, 6)]
+    batch = llm.generate(["Some other prompt", PROMPT, PROMPT],
+                         [SamplingParams(temperature=0.5, max_tokens=6, seed=99),
+                          SamplingParams(temperature=1.0, max_tokens=6, seed=6),
+                          SamplingParams(temperature=1.0, max_tokens=6, seed=5)])
+    assert [batch[2].outputs[0].token_ids, batch[1].outputs[0].token_ids] == alone
+    assert len({tuple(t) for t in alone}) == 2
+
+
+def test_top_k_takes_the_pytorch_path(llm, target, monkeypatch):
+    monkeypatch.setattr(llm.target, "sample_ids", lambda *a: pytest.fail("top-k must not take the native head"))
+    outputs = llm.generate([PROMPT] * 64, [SamplingParams(temperature=1.0, top_k=2, max_tokens=3, seed=i)
+                                           for i in range(64)])
+    top_two = set(_exact_probs(target, llm.tokenizer.encode(PROMPT), 1.0).topk(2).indices.tolist())
+    assert {o.outputs[0].token_ids[0] for o in outputs} <= top_two
+
+
+def _sample_three(llm, seed0: int) -> tuple[list[tuple[int, ...]], float]:
+    outputs = llm.generate([PROMPT] * NUM_SAMPLES, [SamplingParams(temperature=TEMPERATURE, max_tokens=3, seed=seed0 + i)
+                                                    for i in range(NUM_SAMPLES)])
+    forwards = sum(o.metrics["target_forwards"] for o in outputs)
+    accepted = sum(o.metrics["num_accepted"] for o in outputs)
+    return [tuple(o.outputs[0].token_ids) for o in outputs], accepted / forwards
+
+
+def _assert_exact_positions(llm, target, tokens: list[tuple[int, ...]]) -> None:
+    """The first token (the prompt's forward), the second (the first that verification decides: the target's draw
+    at position 0) and the third given the most common first two (reached through an accepted draft in most
+    samples) fit the exact softmax of the target's bf16 logits; the second also rejects a wrong temperature."""
+    prompt_ids = llm.tokenizer.encode(PROMPT)
+    first_tokens = [t[0] for t in tokens]
+    assert _p_value(first_tokens, _exact_probs(target, prompt_ids, TEMPERATURE)) > P_VALUE_MIN
+    top, _ = Counter(first_tokens).most_common(1)[0]
+    second = [t[1] for t in tokens if t[0] == top and len(t) > 1]
+    assert len(second) > 500
+    assert _p_value(second, _exact_probs(target, prompt_ids + [top], TEMPERATURE)) > P_VALUE_MIN
+    assert _p_value(second, _exact_probs(target, prompt_ids + [top], 1.2 * TEMPERATURE)) < P_VALUE_MIN   # control
+    pair, _ = Counter(t[:2] for t in tokens if len(t) > 2).most_common(1)[0]
+    third = [t[2] for t in tokens if t[:2] == pair and len(t) > 2]
+    assert len(third) > 300
+    assert _p_value(third, _exact_probs(target, prompt_ids + list(pair), TEMPERATURE)) > P_VALUE_MIN
+
+
+def test_coupled_tli_draws_follow_the_exact_softmax(target, tli_draft, monkeypatch):
+    llm = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64,
+              speculative_config={"model": str(tli_draft), "num_speculative_tokens": 3, "adaptive": False})
+    assert llm.proposer.couples_draws and llm.proposer.vocab.kind == "tli"
+    monkeypatch.setattr(llm.target, "logits", lambda *a: pytest.fail("coupled draws computed the target's logits"))
+    tokens, accepted = _sample_three(llm, seed0=10_000)
+    print(f"\n[coupled TLI] accepted per step {accepted:.2f}")
+    assert 0.1 < accepted < 3   # drafts equal the target's draws often, not always
+    _assert_exact_positions(llm, target, tokens)
+
+
+def test_a_draft_that_ignores_the_coupling_breaks_nothing_but_acceptance(target, tli_draft, monkeypatch):
+    """Accepting iff equal is lossless whatever the draft proposes, as long as it does not see the target's noise:
+    drafts drawn with independent keys still give the exact law, with fewer acceptances."""
+    llm = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64,
+              speculative_config={"model": str(tli_draft), "num_speculative_tokens": 3, "adaptive": False})
+    propose, generator = llm.proposer.propose, torch.Generator().manual_seed(3)
+
+    def propose_with_other_noise(rows, sampling, k=None):
+        if sampling is not None and sampling.keys is not None:
+            sampling = replace(sampling, keys=torch.randint(-2 ** 63, 2 ** 63 - 1, sampling.keys.shape,
+                                                            generator=generator))
+        return propose(rows, sampling, k)
+    monkeypatch.setattr(llm.proposer, "propose", propose_with_other_noise)
+    tokens, accepted = _sample_three(llm, seed0=20_000)
+    print(f"\n[independent draft noise] accepted per step {accepted:.2f}")
+    _assert_exact_positions(llm, target, tokens)

@@ -1,0 +1,144 @@
+"""The native sampling head (NativeHead.sample, csrc/sampling_head.cpp): its token is the Gumbel-max over ALL head rows
+with the documented counter-based noise (checked against a brute-force float64 reference that computes every logit),
+whatever the batch around a row; and its draws are distributed as softmax(logits / T) (chi-square, with negative
+controls: a wrong temperature and a wrong noise law are rejected by the same test)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from anydraft.model.native_extension import cpu_has, load_extension
+from anydraft.model.native_head import NativeHead
+
+from test_native_decoder import HARDWARE
+
+pytestmark = pytest.mark.skipif(HARDWARE is not None or not cpu_has("avx512_vnni"),
+                                reason=f"hardware: {HARDWARE or 'this CPU lacks AVX512-VNNI'}")
+
+P_VALUE_MIN = 1e-3
+MASK32 = np.uint64(0xFFFFFFFF)
+
+
+def _lowbias32(x: np.ndarray) -> np.ndarray:   # uint64 arrays holding 32-bit values
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & MASK32
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & MASK32
+    return x ^ (x >> np.uint64(16))
+
+
+def _uniforms(key: int, n: np.ndarray) -> np.ndarray:
+    """The kernel's noise stream (sampling_head.cpp): z = hash_high << 32 | hash_low, u = ((z >> 11) + 1/2) 2^-53."""
+    key &= (1 << 64) - 1
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    n = n.astype(np.uint64)
+    high = _lowbias32(_lowbias32((n * np.uint64(0x9E3779B9) + k0) & MASK32) ^ k1)
+    low = _lowbias32(_lowbias32((n * np.uint64(0x85EBCA6B) + k1) & MASK32) ^ k0 ^ np.uint64(0x5BD1E995))
+    z = (high << np.uint64(32)) | low
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+
+
+def _reference(head: NativeHead, hidden: torch.Tensor, num_rows: int, temperature: torch.Tensor,
+               keys: torch.Tensor) -> torch.Tensor:
+    """Brute force: every logit (head.logits), every row's float64 Gumbel, the argmax (lowest row on ties)."""
+    logits = head.logits(hidden.reshape(-1, hidden.shape[-1]))[:, :num_rows].double().numpy()   # [M, N]
+    rows = np.arange(num_rows)
+    out = []
+    for m in range(logits.shape[0]):
+        u = _uniforms(int(keys[m]), rows)
+        perturbed = logits[m] * (1.0 / float(temperature[m])) + -np.log(-np.log(u))
+        out.append(int(np.argmax(perturbed)))
+    return torch.tensor(out).view(hidden.shape[:-1])
+
+
+def _head(rows: int, width: int = 128, seed: int = 0, scale: float = 0.05) -> NativeHead:
+    weight = (torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)) * scale).bfloat16()
+    return NativeHead(weight, load_extension())
+
+
+def _keys(count: int, seed: int) -> torch.Tensor:
+    return torch.randint(-2 ** 63, 2 ** 63 - 1, (count,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 2.5])
+def test_sample_is_the_gumbel_max_over_every_row(temperature):
+    head = _head(5000)
+    hidden = (torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(1)) * 4).bfloat16()
+    temps, keys = torch.full((15,), temperature), _keys(15, 2)
+    drawn = head.sample(hidden, 5000, temps, keys)
+    assert drawn.shape == (3, 5)
+    assert torch.equal(drawn, _reference(head, hidden, 5000, temps, keys))
+
+
+def test_sample_of_a_row_does_not_depend_on_its_batch():
+    head = _head(3000, seed=4)
+    hidden = (torch.randn(13, 128, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()
+    temps = torch.linspace(0.2, 1.5, 13)
+    keys = _keys(13, 6)
+    together = head.sample(hidden, 3000, temps, keys)
+    alone = torch.cat([head.sample(hidden[i:i + 1], 3000, temps[i:i + 1], keys[i:i + 1]) for i in range(13)])
+    assert torch.equal(together, alone)
+    reordered = head.sample(hidden.flip(0), 3000, temps.flip(0), keys.flip(0)).flip(0)
+    assert torch.equal(together, reordered)
+    assert torch.equal(together, _reference(head, hidden, 3000, temps, keys))
+
+
+def test_sample_respects_num_rows_and_degenerate_hidden_states():
+    head = _head(1000, seed=7)
+    # one huge outlier (a repeated token's hidden state): the int8 screen is coarse, every row survives it
+    hidden = torch.zeros(4, 128)
+    hidden[:, 3] = 300.0
+    hidden[:, 5] = torch.tensor([0.01, -0.02, 0.03, 0.0])
+    hidden = hidden.bfloat16()
+    temps, keys = torch.full((4,), 0.7), _keys(4, 8)
+    drawn = head.sample(hidden, 700, temps, keys)
+    assert (drawn < 700).all()
+    assert torch.equal(drawn, _reference(head, hidden, 700, temps, keys))
+
+
+def _chi_square_p_value(samples: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Goodness of fit of samples to probs [V], tokens with an expected count under min_expected pooled."""
+    counts = torch.bincount(samples, minlength=probs.numel()).double()
+    expected = probs.double() / probs.double().sum() * samples.numel()
+    big = expected >= min_expected
+    observed = torch.cat([counts[big], counts[~big].sum()[None]])
+    wanted = torch.cat([expected[big], expected[~big].sum()[None]])
+    return float(chisquare(observed.numpy(), wanted.numpy()).pvalue)
+
+
+def test_samples_are_distributed_as_the_softmax_with_negative_controls():
+    """40k draws of one hidden state (each row of the batch its own key): fit to softmax(logits / 0.7) in float64;
+    the same test rejects the softmax at temperature 0.8, and rejects draws made with a wrong noise (Gumbel-max
+    with uniform instead of Gumbel noise) from the same logits."""
+    vocab, temperature, draws = 400, 0.7, 40_000
+    head = _head(vocab, width=64, seed=9, scale=0.08)
+    hidden = (torch.randn(1, 64, generator=torch.Generator().manual_seed(10)) * 1.5).bfloat16()
+    logits = head.logits(hidden)[0].double()                        # [V] the values sample() draws from
+    exact = (logits / temperature).softmax(-1)
+    assert exact.max() < 0.5 and (exact > 1e-3).sum() > 50          # a spread distribution: a test with power
+    batch = hidden.expand(draws, 64)
+    samples = head.sample(batch, vocab, torch.full((draws,), temperature), _keys(draws, 11))
+    assert _chi_square_p_value(samples, exact) > P_VALUE_MIN
+    # negative controls
+    assert _chi_square_p_value(samples, (logits / 0.8).softmax(-1)) < P_VALUE_MIN
+    wrong_noise = (logits / temperature + torch.rand(draws, vocab, generator=torch.Generator().manual_seed(12),
+                                                     dtype=torch.float64)).argmax(-1)
+    assert _chi_square_p_value(wrong_noise, exact) < P_VALUE_MIN
+
+
+def test_same_key_same_token_new_key_new_draw():
+    head = _head(2000, seed=13)
+    hidden = (torch.randn(1, 128, generator=torch.Generator().manual_seed(14)) * 2).bfloat16()
+    temps = torch.full((1,), 1.0)
+    first = head.sample(hidden, 2000, temps, torch.tensor([42]))
+    assert torch.equal(first, head.sample(hidden, 2000, temps, torch.tensor([42])))
+    draws = {int(head.sample(hidden, 2000, temps, torch.tensor([key]))) for key in range(40)}
+    assert len(draws) > 3   # a spread distribution: new keys give new tokens
+
+
+def test_sample_rejects_a_non_positive_temperature():
+    head = _head(100, seed=15)
+    with pytest.raises(RuntimeError, match="temperature"):
+        head.sample(torch.ones(1, 128).bfloat16(), 100, torch.zeros(1), torch.tensor([1]))
