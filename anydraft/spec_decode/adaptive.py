@@ -132,12 +132,8 @@ class AdaptiveSpeculation:
         if self.acceptance is None:
             self.acceptance = AcceptanceEstimate(self.max_k)
 
-    def expected_rate(self, rows: int, k: int) -> float:
-        """Expected tokens per second of a step over `rows` rows drafting k each."""
-        return self.expected_rates(rows)[k]
-
     def expected_rates(self, rows: int) -> list[float]:
-        """expected_rate(rows, k) for k = 0..max_k, in one pass (this runs every step)."""
+        """Expected tokens per second of a step over `rows` rows drafting k each, for k = 0..max_k (every step)."""
         draft_seconds = self.draft_cost.seconds(rows)
         rates = []
         for k, tokens in enumerate(self.acceptance.expected_tokens_upto(self.max_k)):
