@@ -2,6 +2,11 @@
 on random, tied, near-tied and degenerate inputs; logits() is computed the same way for every row."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -24,7 +29,7 @@ def _expected(head: NativeHead, hidden: torch.Tensor, num_rows: int) -> torch.Te
     return head.logits(hidden)[..., :num_rows].float().argmax(dim=-1)   # torch: first index among maxima
 
 
-SCREENED_ROWS = 8   # greedy_head.cpp: with AMX, more rows than this take the full logits without the screen
+SCREENED_ROWS = 8   # greedy_head.cpp: with AMX bf16 but no AMX-INT8 screen, more rows take the full logits
 
 
 def _greedy_screened(head: NativeHead, hidden: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -97,7 +102,40 @@ def test_many_rows_give_the_same_ids_with_or_without_the_screen():
     hidden = (torch.randn(16, 256, generator=torch.Generator().manual_seed(12)) * 3).bfloat16()
     ids, fell_back = head.greedy_with_report(hidden, 5999)
     assert torch.equal(ids, _expected(head, hidden, 5999)) and torch.equal(_greedy_screened(head, hidden, 5999), ids)
-    assert fell_back.all() == (load_extension().matmul_path(256) == "amx")
+    extension = load_extension()
+    assert fell_back.all() == (extension.matmul_path(256) == "amx" and extension.screen_path(16) != "amx")
+
+
+def test_rows_standing_after_the_probe_past_the_limit_take_the_full_logits():
+    """Head rows past the probe (the first 64 blocks) that all tie the winner: more candidates than 1/64 of the
+    head, so the row takes the full logits; the argmax is still the lowest of the tied rows."""
+    weight = (torch.randn(6000, 128, generator=torch.Generator().manual_seed(13)) * 0.05).bfloat16()
+    weight[3000:3400] = weight[17] * 4   # 400 equal rows after the probe's 1024, above everything else
+    head = NativeHead(weight, load_extension())
+    hidden = weight[17:18].float().mul(40).bfloat16().repeat(2, 1)
+    ids, fell_back = head.greedy_with_report(hidden, 6000)
+    assert ids.tolist() == _expected(head, hidden, 6000).tolist() == [3000, 3000]
+    assert fell_back.all()
+    few = weight.clone()
+    few[3004:3400] = weight[3400:3796]   # 4 tied rows: the screen narrows it, no fallback
+    head = NativeHead(few, load_extension())
+    ids, fell_back = head.greedy_with_report(hidden, 6000)
+    assert ids.tolist() == _expected(head, hidden, 6000).tolist() == [3000, 3000] and not fell_back.any()
+
+
+def test_the_screen_scores_rows_with_amx_tiles_or_vnni_and_both_give_the_argmax():
+    """Several activation rows take AMX-INT8 tiles where the CPU has them, one row VNNI; ANYDRAFT_NATIVE_AMX=0
+    (read once per process) keeps every row on VNNI. Each path's ids are the argmax of the logits."""
+    expected_path = "amx" if cpu_has("amx_int8") else "vnni"
+    assert load_extension().screen_path(1) == "vnni" and load_extension().screen_path(6) == expected_path
+    code = ("import sys; sys.path.insert(0, {here!r}); import test_native_head as t; "
+            "from anydraft.model.native_extension import load_extension; "
+            "assert load_extension().screen_path(16) == 'vnni'; "
+            "t.test_greedy_equals_argmax_of_logits_on_random_rows(); t.test_greedy_near_ties_one_bf16_step_apart(); "
+            "t.test_rows_standing_after_the_probe_past_the_limit_take_the_full_logits()")
+    done = subprocess.run([sys.executable, "-c", code.format(here=str(Path(__file__).parent))], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "ANYDRAFT_NATIVE_AMX": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_width_not_a_multiple_of_64_is_refused():

@@ -19,10 +19,13 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
                             torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids);
 
 bool matmul_uses_amx(int64_t K);
+bool screen_uses_amx_tiles(int64_t rows);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("matmul_path", [](int64_t K) { return matmul_uses_amx(K) ? "amx" : "avx512"; },
         "which linear kernel runs a weight of K columns in this process");
+  m.def("screen_path", [](int64_t rows) { return screen_uses_amx_tiles(rows) ? "amx" : "vnni"; },
+        "which instructions score the int8 head screen for this many activation rows in this process");
   m.def("decoder_forward", &decoder_forward, "Llama-family decoder body, bf16, batch-invariant");
   m.def("head_logits", &head_logits, "bf16 logits of an output head, batch-invariant");
   m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");

@@ -42,14 +42,15 @@ inline float exact_logit(const uint16_t* x, const uint16_t* w, int64_t K, int64_
 // one token repeated, whose outliers make the int8 copy of the row coarse) gets all its logits from linear(),
 // which reads the head once for all such rows: the same values, so the same argmax, at no more than their cost.
 constexpr int64_t FALLBACK_FRACTION = 64;
-// With AMX the full logits of up to 16 rows cost one read of the bf16 head, while the int8 screen's VNNI work
-// grows with the rows: past this many rows (measured crossover about 12 on a Sapphire Rapids VM, 0.6B head) every
-// row takes the full logits. Without AMX the screen stays (the full logits' AVX-512 work grows with rows too).
+// With AMX bf16 the full logits of up to 16 rows cost one read of the bf16 head, while a VNNI screen's work grows
+// with the rows: past this many rows (measured crossover about 12 on a Sapphire Rapids VM, 0.6B head) every row
+// takes the full logits, unless AMX-INT8 tiles screen them (screen.h), about one read of the int8 head for all.
 constexpr int64_t SCREEN_MAX_ROWS_AMX = 8;
 
 }  // namespace
 
 bool matmul_uses_amx(int64_t K) { return use_amx(K); }
+bool screen_uses_amx_tiles(int64_t rows) { return screen_uses_amx(rows); }
 
 // logits [..., N] bf16 = bf16(hidden @ weight^T), each output computed the same way whatever the batch.
 torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight) {
@@ -93,54 +94,70 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
   std::vector<Screen> screens;
   quantize_rows(xp, M, K, codes, screens);
 
-  // Pass 1: every row's bound; the best score per activation row (and thread) seeds the exact search.
-  const int64_t padded = blocks * 16;
-  std::vector<float> bound(M * padded);
+  // Pass 1, over the head's first blocks (the probe): every row's bound is kept; the best score per activation row
+  // (and thread) seeds the exact search. Then over the rest, against the probe's threshold (at most the final one,
+  // so nothing that could win is dropped): only the rows whose bound reaches it are kept, as candidates.
   const int threads = at::get_num_threads();
   std::vector<Best> seeds(M * threads);
+  std::vector<float> threshold(M, -std::numeric_limits<float>::infinity());
+  const bool screen = !(use_amx(K) && M > SCREEN_MAX_ROWS_AMX) || screen_uses_amx(M);
+  const int64_t probe = screen ? std::min(blocks, std::max<int64_t>(64, blocks / 32)) : 0;
+  const int64_t probed = probe * 16;
+  std::vector<float> bound(M * probed);
+  struct Candidate { int32_t row; float bound; };
+  // Per thread and activation row; a row with more candidates than this takes the full logits (as a screen
+  // leaving more than 1/FALLBACK_FRACTION of the head standing does).
+  const int64_t max_candidates = num_rows / FALLBACK_FRACTION + 1;
+  std::vector<std::vector<Candidate>> candidates(M * threads);
+  std::vector<char> overflow(M * threads, 0);
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  // Blocks [b_begin, b_end) of the head for the activation rows `active`.
-  auto screen_blocks = [&](int64_t b_begin, int64_t b_end, const std::vector<int64_t>& active) {
+  // Blocks [b_begin, b_end) of the head for the activation rows `active`: bounds kept (probe) or filtered.
+  auto screen_blocks = [&](int64_t b_begin, int64_t b_end, const std::vector<int64_t>& active, bool keep_bounds) {
     const int64_t A = int64_t(active.size());
     if (A == 0 || b_begin >= b_end) return;
     std::vector<uint8_t> active_codes(A * K);
     for (int64_t j = 0; j < A; ++j) std::memcpy(&active_codes[j * K], &codes[active[j] * K], K);
     at::parallel_for(b_begin, b_end, 256, [&](int64_t b0, int64_t b1) {
-      Best* seed = &seeds[M * at::get_thread_num()];
+      const int t = at::get_thread_num();
+      Best* seed = &seeds[M * t];
       std::vector<__m512> best_score(A, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
       std::vector<__m512i> best_row(A, _mm512_set1_epi32(-1));
+      const BlockScorer scorer(active_codes.data(), A, K);
+      std::vector<int32_t> ints(A * 16);
+      alignas(64) float lanes[16];
       for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
-        const int8_t* qb = qp + b * groups * 64;
         const int64_t n = b * 16;
         const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
         const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
         const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
         const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
         const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
-        // int8 scores of these 16 head rows for every activation row, 4 activation rows per pass over the block
-        // (the block's vectors are loaded once per pass; VNNI multiply-adds are what the pass costs)
-        __m512i accs[4];
-        for (int64_t a0 = 0; a0 < A; a0 += 4) {
-          const int64_t ac = std::min<int64_t>(4, A - a0);
-          const int32_t* c = reinterpret_cast<const int32_t*>(active_codes.data() + a0 * K);
-          switch (ac) {
-            case 4: int8_scores<4>(c, K, qb, groups, accs); break;
-            case 3: int8_scores<3>(c, K, qb, groups, accs); break;
-            case 2: int8_scores<2>(c, K, qb, groups, accs); break;
-            default: int8_scores<1>(c, K, qb, groups, accs); break;
+        scorer.block_scores(qp + b * groups * 64, ints.data());   // these 16 head rows x every activation row
+        for (int64_t j = 0; j < A; ++j) {
+          const int64_t m = active[j];
+          const Screen& s = screens[m];
+          const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints.data() + j * 16), offset);   // exact p . q_n
+          const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
+          const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
+                                               _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
+          const __m512 upper = _mm512_add_ps(score, slack);
+          if (keep_bounds) {
+            _mm512_storeu_ps(bound.data() + m * probed + n, upper);
+          } else {
+            __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
+            if (open && !overflow[M * t + m]) {   // rare: almost every block has no row left standing
+              std::vector<Candidate>& kept = candidates[M * t + m];
+              _mm512_store_ps(lanes, upper);
+              for (; open; open &= open - 1) {
+                const int i = __builtin_ctz(open);
+                kept.push_back({int32_t(n + i), lanes[i]});
+              }
+              if (int64_t(kept.size()) > max_candidates) overflow[M * t + m] = 1;
+            }
           }
-          for (int64_t j = 0; j < ac; ++j) {
-            const int64_t m = active[a0 + j];
-            const Screen& s = screens[m];
-            const __m512i dot = _mm512_sub_epi32(accs[j], offset);   // exact integer p . q_n per lane
-            const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
-            const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
-                                                 _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
-            _mm512_storeu_ps(bound.data() + m * padded + n, _mm512_add_ps(score, slack));
-            const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, score, best_score[a0 + j], _CMP_GT_OQ);
-            best_score[a0 + j] = _mm512_mask_blend_ps(better, best_score[a0 + j], score);
-            best_row[a0 + j] = _mm512_mask_blend_epi32(better, best_row[a0 + j], rows);
-          }
+          const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, score, best_score[j], _CMP_GT_OQ);
+          best_score[j] = _mm512_mask_blend_ps(better, best_score[j], score);
+          best_row[j] = _mm512_mask_blend_epi32(better, best_row[j], rows);
         }
       }
       for (int64_t j = 0; j < A; ++j) {
@@ -154,12 +171,11 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
     });
   };
 
-  std::vector<float> threshold(M);
   std::vector<Best> best(M);
-  // best[m]: the best exact logit among the seeds so far; threshold[m]: a row whose bound is more than a bf16
-  // step below it cannot round up to it (K * FLT_MIN: what flushing denormal partial sums to zero can change).
+  // best[m]: the best exact logit among the seeds so far (it only rises, so the probe's threshold is at most the
+  // final one); threshold[m]: a row whose bound is more than a bf16 step below it cannot round up to it (K *
+  // FLT_MIN: what flushing denormal partial sums to zero can change).
   auto set_threshold = [&](int64_t m) {
-    best[m] = Best();
     for (int t = 0; t < threads; ++t) {
       const Best& s = seeds[M * t + m];
       if (s.index >= 0) best[m].offer(exact_logit(xb.data() + m * K, wp, K, s.index), s.index);
@@ -168,33 +184,37 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
     threshold[m] = screens[m].usable ? v - std::fabs(v) * (1.f / 64.f) - float(K) * std::numeric_limits<float>::min()
                                      : -std::numeric_limits<float>::infinity();
   };
-  auto survivors_below = [&](int64_t m, int64_t end) {   // bounds at or above the threshold in [0, end)
-    const float* b = bound.data() + m * padded;
-    const __m512 t = _mm512_set1_ps(threshold[m]);
-    int64_t count = 0;
-    for (int64_t n = 0; n < end; n += 16)   // padding rows past num_rows count too: a cheap upper bound
-      count += __builtin_popcount(_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ));
-    return count;
+  auto probe_survivors = [&](int64_t m) {   // probed rows whose bound reaches the threshold
+    std::vector<int64_t> rows;
+    const float* b = bound.data() + m * probed;
+    for (int64_t n = 0; n < std::min(probed, num_rows); ++n)
+      if (!(b[n] < threshold[m])) rows.push_back(n);
+    return rows;
   };
 
-  // A probe of the head's first blocks: rows it already leaves wide open (more than 1/FALLBACK_FRACTION of the
-  // probed rows standing; the probe's threshold is at most the final one, so this overestimates) skip the rest
-  // of the screen and take the full logits, so a degenerate row costs little more than its full logits.
-  const bool screen = !(use_amx(K) && M > SCREEN_MAX_ROWS_AMX);
-  const int64_t probe = screen ? std::min(blocks, std::max<int64_t>(64, blocks / 32)) : 0;
+  // Rows the probe already leaves wide open (more than 1/FALLBACK_FRACTION of the probed rows standing) skip the
+  // rest of the screen and take the full logits, so a degenerate row costs little more than its full logits.
   std::vector<int64_t> all(screen ? M : 0), rest;
   for (int64_t m = 0; m < int64_t(all.size()); ++m) all[m] = m;
-  screen_blocks(0, probe, all);
+  screen_blocks(0, probe, all, true);
   std::vector<char> is_full(M, screen ? 0 : 1);
   for (int64_t m = 0; m < int64_t(all.size()); ++m) {
     set_threshold(m);
-    if (survivors_below(m, probe * 16) * FALLBACK_FRACTION > std::min(probe * 16, num_rows)) is_full[m] = 1;
+    if (int64_t(probe_survivors(m).size()) * FALLBACK_FRACTION > std::min(probed, num_rows)) is_full[m] = 1;
     else rest.push_back(m);
   }
-  screen_blocks(probe, blocks, rest);
+  screen_blocks(probe, blocks, rest, false);
+  // The final threshold, and each screened row's survivors: probed rows and candidates that still reach it.
+  std::vector<std::vector<int64_t>> survivors(M);
   for (int64_t m : rest) {
     set_threshold(m);
-    if (survivors_below(m, padded) * FALLBACK_FRACTION > num_rows) is_full[m] = 1;
+    survivors[m] = probe_survivors(m);
+    for (int t = 0; t < threads; ++t) {
+      is_full[m] |= overflow[M * t + m];
+      for (const Candidate& c : candidates[M * t + m])
+        if (!(c.bound < threshold[m])) survivors[m].push_back(c.row);
+    }
+    if (int64_t(survivors[m].size()) * FALLBACK_FRACTION > num_rows) is_full[m] = 1;
   }
 
   // Rows the screen cannot narrow enough: all their logits at once (linear() reads the head once for all).
@@ -213,39 +233,21 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
     }
   }
 
-  auto result = torch::empty({M}, hidden.options().dtype(at::kLong));
-  int64_t* rp = result.data_ptr<int64_t>();
-
   // Pass 2: exact logits of the rows that could still win.
-  std::vector<Best> winners(M * threads);
-  at::parallel_for(0, num_rows, 4096, [&](int64_t n0, int64_t n1) {
-    Best* winner = &winners[M * at::get_thread_num()];
-    for (int64_t m = 0; m < M; ++m) {
-      if (is_full[m]) continue;
-      const float* b = bound.data() + m * padded;
-      const __m512 t = _mm512_set1_ps(threshold[m]);
-      std::vector<int64_t> survivors;
-      int64_t n = n0;
-      for (; n + 16 <= n1; n += 16)   // 16 bounds per compare; almost every block has no survivor
-        if (_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ))
-          for (int64_t i = n; i < n + 16; ++i)
-            if (!(b[i] < threshold[m])) survivors.push_back(i);
-      for (; n < n1; ++n)
-        if (!(b[n] < threshold[m])) survivors.push_back(n);
-      std::vector<float> exact(survivors.size());
-      exact_dots(xb.data() + m * K, K, wp, survivors.data(), int64_t(survivors.size()), exact.data());
-      for (size_t i = 0; i < survivors.size(); ++i) winner[m].offer(exact[i], survivors[i]);
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      if (is_full[m] || survivors[m].empty()) continue;
+      std::vector<float> exact(survivors[m].size());
+      exact_dots(xb.data() + m * K, K, wp, survivors[m].data(), int64_t(survivors[m].size()), exact.data());
+      for (size_t i = 0; i < survivors[m].size(); ++i) best[m].offer(exact[i], survivors[m][i]);
     }
   });
-  for (int64_t m = 0; m < M; ++m) {
-    for (int t = 0; t < threads; ++t) {
-      const Best& w = winners[M * t + m];
-      if (w.index >= 0) best[m].offer(w.value, w.index);
-    }
-    rp[m] = best[m].index;
-  }
+  auto result = torch::empty({M}, hidden.options().dtype(at::kLong));
   auto fell_back = torch::empty({M}, hidden.options().dtype(at::kBool));
-  for (int64_t m = 0; m < M; ++m) fell_back.data_ptr<bool>()[m] = is_full[m] != 0;
+  for (int64_t m = 0; m < M; ++m) {
+    result.data_ptr<int64_t>()[m] = best[m].index;
+    fell_back.data_ptr<bool>()[m] = is_full[m] != 0;
+  }
   const auto batch = hidden.sizes().slice(0, hidden.dim() - 1);
   return {result.view(batch), fell_back.view(batch)};
 }

@@ -166,46 +166,36 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
     int64_t* seed = &seeds[M * 16 * at::get_thread_num()];
     std::vector<__m512> best_bound(M, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
     std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
-    __m512i accs[4];
+    const BlockScorer scorer(codes.data(), M, K);
+    std::vector<int32_t> ints(M * 16);
     for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
-      const int8_t* qb = qp + b * groups * 64;
       const int64_t n = b * 16;
       const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
       const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
       const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
       const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
       const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
-      for (int64_t a0 = 0; a0 < M; a0 += 4) {
-        const int64_t ac = std::min<int64_t>(4, M - a0);
-        const int32_t* c = reinterpret_cast<const int32_t*>(codes.data() + a0 * K);
-        switch (ac) {
-          case 4: int8_scores<4>(c, K, qb, groups, accs); break;
-          case 3: int8_scores<3>(c, K, qb, groups, accs); break;
-          case 2: int8_scores<2>(c, K, qb, groups, accs); break;
-          default: int8_scores<1>(c, K, qb, groups, accs); break;
+      scorer.block_scores(qp + b * groups * 64, ints.data());   // these 16 head rows x every activation row
+      for (int64_t m = 0; m < M; ++m) {
+        const Screen& s = screens[m];
+        __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+        if (s.usable) {
+          const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints.data() + m * 16), offset);   // exact p . q_n
+          const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
+          const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
+                                               _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
+          const __m512 logit = _mm512_add_ps(score, slack);   // >= the fp32 dot product
+          const __m512 rounded = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
+          // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
+          const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
+          const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);
+          upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], _mm512_loadu_si512(counters.data() + n)));
+          upper = _mm512_fmadd_ps(_mm512_abs_ps(upper), _mm512_set1_ps(1e-6f), upper);   // the sum's rounding
         }
-        for (int64_t j = 0; j < ac; ++j) {
-          const int64_t m = a0 + j;
-          const Screen& s = screens[m];
-          __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-          if (s.usable) {
-            const __m512i dot = _mm512_sub_epi32(accs[j], offset);   // exact integer p . q_n per lane
-            const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
-            const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
-                                                 _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
-            const __m512 logit = _mm512_add_ps(score, slack);   // >= the fp32 dot product
-            const __m512 rounded = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
-            // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
-            const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
-            const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);
-            upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], _mm512_loadu_si512(counters.data() + n)));
-            upper = _mm512_fmadd_ps(_mm512_abs_ps(upper), _mm512_set1_ps(1e-6f), upper);   // the sum's rounding
-          }
-          _mm512_storeu_ps(bound.data() + m * padded + n, upper);
-          const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, upper, best_bound[m], _CMP_GT_OQ);
-          best_bound[m] = _mm512_mask_blend_ps(better, best_bound[m], upper);
-          best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
-        }
+        _mm512_storeu_ps(bound.data() + m * padded + n, upper);
+        const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, upper, best_bound[m], _CMP_GT_OQ);
+        best_bound[m] = _mm512_mask_blend_ps(better, best_bound[m], upper);
+        best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
       }
     }
     for (int64_t m = 0; m < M; ++m) {

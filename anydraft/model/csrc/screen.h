@@ -1,12 +1,19 @@
 // The int8 screen of the output head, shared by greedy_head.cpp and sampling_head.cpp: activations quantized to
-// int8 codes, and their exact integer scores against the int8 copy of the head (AVX512-VNNI), from which each
-// kernel builds rigorous per-row upper bounds on the bf16 logits.
+// int8 codes, and their exact integer scores against the int8 copy of the head (AMX-INT8 tiles or AVX512-VNNI),
+// from which each kernel builds rigorous per-row upper bounds on the bf16 logits.
 #pragma once
 #include "linear.h"
 
 #include <cmath>
 #include <cstdint>
 #include <vector>
+
+// AMX-INT8 tiles: compiled where -march=native offers them (their tile state is granted by linear.h's amx_ready).
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)
+#define ANYDRAFT_AMX_INT8 1
+#else
+#define ANYDRAFT_AMX_INT8 0
+#endif
 
 namespace anydraft_native {
 
@@ -36,6 +43,94 @@ inline void int8_scores(const int32_t* codes, int64_t K, const int8_t* block, in
   }
   for (int r = 0; r < R; ++r) acc[r] = a[r];
 }
+
+// Which instructions score a block: the scores are exact integers either way (int32 sums of u8 x s8 products,
+// far from overflow), so the choice changes no result and may follow the row count. AMX-INT8 (TDPBUSD: 16
+// activation rows x 16 head rows x 64 columns per instruction) costs about one pass over the head whatever the
+// rows, where VNNI's work grows with them (the verification forward's k+1 rows per request); at one row VNNI
+// is as fast, and AMX then also loads and releases tile state for nothing. ANYDRAFT_NATIVE_AMX=0 turns it off.
+constexpr int64_t SCREEN_AMX_MIN_ROWS = 2;
+
+inline bool screen_uses_amx(int64_t rows) {
+#if ANYDRAFT_AMX_INT8
+  return rows >= SCREEN_AMX_MIN_ROWS && amx_ready();
+#else
+  (void)rows;
+  return false;
+#endif
+}
+
+// A thread's scorer of head blocks for A activation rows (codes [A, K] bytes, 4 per int32 lane, +128 carried):
+// block_scores(block, out) writes out[j * 16 + i] = sum over columns of code_j * q_i for the block's 16 head rows.
+class BlockScorer {
+ public:
+  BlockScorer(const uint8_t* codes, int64_t A, int64_t K) : codes_(codes), A_(A), K_(K), amx_(screen_uses_amx(A)) {
+#if ANYDRAFT_AMX_INT8
+    if (amx_) {   // tiles 0, 1: result and codes of a full group of 16 rows; 3, 4: of the last, partial group
+      TileConfig cfg;
+      const int64_t tail = A % 16;
+      if (A >= 16) cfg.rows[0] = cfg.rows[1] = 16, cfg.colsb[0] = cfg.colsb[1] = 64;
+      if (tail) cfg.rows[3] = cfg.rows[4] = uint8_t(tail), cfg.colsb[3] = cfg.colsb[4] = 64;
+      cfg.rows[2] = 16, cfg.colsb[2] = 64;   // 16 groups of 4 columns x 16 head rows: the q_blocks layout
+      _tile_loadconfig(&cfg);
+    }
+#endif
+  }
+  ~BlockScorer() {
+#if ANYDRAFT_AMX_INT8
+    if (amx_) _tile_release();
+#endif
+  }
+  BlockScorer(const BlockScorer&) = delete;
+  BlockScorer& operator=(const BlockScorer&) = delete;
+
+  void block_scores(const int8_t* block, int32_t* out) const {
+#if ANYDRAFT_AMX_INT8
+    if (amx_) return amx_scores(block, out);
+#endif
+    const int64_t groups = K_ / 4;
+    __m512i accs[4];
+    for (int64_t a0 = 0; a0 < A_; a0 += 4) {
+      const int32_t* c = reinterpret_cast<const int32_t*>(codes_ + a0 * K_);
+      const int64_t ac = std::min<int64_t>(4, A_ - a0);
+      switch (ac) {
+        case 4: int8_scores<4>(c, K_, block, groups, accs); break;
+        case 3: int8_scores<3>(c, K_, block, groups, accs); break;
+        case 2: int8_scores<2>(c, K_, block, groups, accs); break;
+        default: int8_scores<1>(c, K_, block, groups, accs); break;
+      }
+      for (int64_t j = 0; j < ac; ++j) _mm512_storeu_si512(out + (a0 + j) * 16, accs[j]);
+    }
+  }
+
+ private:
+#if ANYDRAFT_AMX_INT8
+  void amx_scores(const int8_t* block, int32_t* out) const {
+    int64_t a0 = 0;
+    for (; a0 + 16 <= A_; a0 += 16) {
+      _tile_zero(0);
+      for (int64_t k = 0; k < K_; k += 64) {
+        _tile_loadd(1, codes_ + a0 * K_ + k, K_);
+        _tile_loadd(2, block + k * 16, 64);
+        _tile_dpbusd(0, 1, 2);
+      }
+      _tile_stored(0, out + a0 * 16, 64);
+    }
+    if (a0 < A_) {
+      _tile_zero(3);
+      for (int64_t k = 0; k < K_; k += 64) {
+        _tile_loadd(4, codes_ + a0 * K_ + k, K_);
+        _tile_loadd(2, block + k * 16, 64);
+        _tile_dpbusd(3, 4, 2);
+      }
+      _tile_stored(3, out + a0 * 16, 64);
+    }
+  }
+#endif
+  const uint8_t* codes_;
+  int64_t A_, K_;
+  bool amx_;
+};
 
 struct Screen {  // one activation row quantized for the int8 pass
   bool usable;   // false: non-finite input, every row is computed exactly
