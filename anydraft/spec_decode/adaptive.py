@@ -5,7 +5,7 @@ Expected tokens of a step that drafts k tokens per row: E(k) = 1 + sum_{j<=k} pr
 the running rate at which position i is accepted given that positions 1..i-1 were (an acceptance at i needs
 all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + F(k) * T_draft(B rows) + T_host, where F(k)
 is the number of draft forwards a proposal of k costs (the proposer says: k for a draft that writes a token per
-forward, 1 for a block drafter), each forward's cost a running floor of its measured times at each size,
+forward, 1 for a block drafter), each forward's cost the median of its recent measured times at each size,
 interpolated between sizes (target forwards timed at load, then every step refines them). A step that stops drafting still probes now and then, so a cost or rate
 measured wrongly once is measured again.
 The choice is per step for the whole batch: every row verifies the same k, so the output stays lossless
@@ -13,6 +13,8 @@ whatever k is (greedy: identical to the target alone; sampling: the same distrib
 """
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,45 +30,46 @@ PROBE_AFTER_MAX = 512
 
 
 @dataclass
-class FloorCost:
-    """Seconds of a forward as a function of its size x (tokens it reads, or rows), as running floors at each
-    measured x, interpolated linearly between them and extrapolated along the last segment. Floors, not means:
-    a timed forward also holds one-off work (the draft reading a new prompt, catching up on text written by
-    steps that did not draft, a page fault, another process on the core), which must not make a forward look
-    dear for good. A new measurement lowers the floor at once; the floor rises by `drift` per measurement, so
-    it follows a forward that really got slower (longer contexts). Each x keeps its own floor: evidence at one
-    size never fades the other sizes' (a line fitted to decayed sums did, and bent toward whatever size the
-    last hundred steps used)."""
-    drift: float = 0.02
-    floors: dict[int, float] = field(default_factory=dict)
+class MedianCost:
+    """Seconds of a forward as a function of its size x (tokens it reads, or rows): the median of the last `window`
+    measurements at each measured x, interpolated linearly between sizes and extrapolated along the last segment.
+    Medians, so that every size is judged by the same statistic of its typical cost: a timed forward also holds
+    one-off work now and then (a page fault, another process on the core), which must not make it look dear, and
+    a running minimum (tried before) made the sizes measured on every step look cheaper than the ones measured
+    rarely, so adaptive kept choosing whatever it had chosen. The window lets it follow a forward that really
+    got slower (longer contexts). Each x keeps its own measurements: evidence at one size never fades another's."""
+    window: int = 15
+    samples: dict[int, deque] = field(default_factory=dict)
+    estimates: dict[int, float] = field(default_factory=dict)   # x -> its current median (the estimate at x)
 
     def observe(self, x: int, seconds: float) -> None:
-        floor = self.floors.get(x)
-        self.floors[x] = seconds if floor is None else min(seconds, floor * (1 + self.drift))
+        recent = self.samples.setdefault(x, deque(maxlen=self.window))
+        recent.append(seconds)
+        self.estimates[x] = statistics.median(recent)
 
     def seconds(self, x: int) -> float:
-        if not self.floors:
+        if not self.estimates:
             return 0.0
         # A forward over x never costs more than x/m forwards over m (the work splits); this bounds a size
         # measured once, badly, by the sizes below it, which every step re-measures.
-        bound = min((self.floors[m] * x / m for m in self.floors if m < x), default=float("inf"))
+        bound = min((self.estimates[m] * x / m for m in self.estimates if m < x), default=float("inf"))
         return min(self._interpolated(x), bound)
 
     def _interpolated(self, x: int) -> float:
-        if x in self.floors:
-            return self.floors[x]
-        below = [m for m in self.floors if m < x]
-        above = [m for m in self.floors if m > x]
+        if x in self.estimates:
+            return self.estimates[x]
+        below = [m for m in self.estimates if m < x]
+        above = [m for m in self.estimates if m > x]
         if not below:           # smaller than anything measured: no cheaper than the smallest measured
-            return self.floors[min(above)]
+            return self.estimates[min(above)]
         if above:
             lo, hi = max(below), min(above)
         elif len(below) > 1:    # beyond the largest: along the last segment
             lo, hi = sorted(below)[-2:]
         else:                   # one size measured: proportional
-            return self.floors[below[0]] * x / below[0]
-        slope = max((self.floors[hi] - self.floors[lo]) / (hi - lo), 0.0)
-        return self.floors[lo] + slope * (x - lo)
+            return self.estimates[below[0]] * x / below[0]
+        slope = max((self.estimates[hi] - self.estimates[lo]) / (hi - lo), 0.0)
+        return self.estimates[lo] + slope * (x - lo)
 
 
 @dataclass
@@ -120,8 +123,8 @@ class AdaptiveSpeculation:
     """Picks k in 0..max_k for each step; learns from what each step accepted and how long its parts took."""
     max_k: int
     acceptance: AcceptanceEstimate = None
-    target_cost: FloorCost = field(default_factory=FloorCost)     # target forward + head, by tokens read
-    draft_cost: FloorCost = field(default_factory=FloorCost)      # one draft forward + head, by rows
+    target_cost: MedianCost = field(default_factory=MedianCost)     # target forward + head, by tokens read
+    draft_cost: MedianCost = field(default_factory=MedianCost)      # one draft forward + head, by rows
     host_seconds: float = 0.0                                      # per step, outside the model forwards
     history: dict[int, int] = field(default_factory=dict)         # k -> steps that used it
     draft_forwards: Callable[[int], int] = one_forward_per_token   # F(k): the proposer's Proposer.draft_forwards
@@ -143,7 +146,7 @@ class AdaptiveSpeculation:
         return rates
 
     def choose(self, rows: int) -> int:
-        if not self.draft_cost.floors:   # the draft's cost is unknown until a step drafts: measure it first
+        if not self.draft_cost.estimates:   # the draft's cost is unknown until a step drafts: measure it first
             return self._chose(self.max_k)
         rates = self.expected_rates(rows)
         best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))

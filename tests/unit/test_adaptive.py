@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (PROBE_AFTER, AcceptanceEstimate, AdaptiveSpeculation, FloorCost,
+from anydraft.spec_decode.adaptive import (PROBE_AFTER, AcceptanceEstimate, AdaptiveSpeculation, MedianCost,
                                           one_forward_per_token)
 
 
@@ -16,19 +16,20 @@ def test_first_step_drafts_the_most_to_measure_the_draft():
 
 
 def test_cost_interpolates_between_measured_sizes_and_extrapolates_the_last_segment():
-    cost = FloorCost()
+    cost = MedianCost()
     assert cost.seconds(10) == 0.0   # nothing measured yet
     for tokens in (1, 4, 16, 64):
         cost.observe(tokens, 0.002 + 0.0005 * tokens)
     for tokens in (1, 2, 4, 10, 16, 40, 64, 96, 200):   # measured, between, and beyond the largest
         assert cost.seconds(tokens) == pytest.approx(0.002 + 0.0005 * tokens, rel=1e-9), tokens
-    cost.observe(64, 0.5)                # a noisy step: the floor rises by the drift (2%) at most
-    assert cost.seconds(64) == pytest.approx((0.002 + 0.0005 * 64) * 1.02)
+    cost.observe(64, 0.5)                # a noisy step among the measurements: the median keeps the typical cost
+    cost.observe(64, 0.002 + 0.0005 * 64)
+    assert cost.seconds(64) == pytest.approx(0.002 + 0.0005 * 64)
     assert cost.seconds(16) == pytest.approx(0.002 + 0.0005 * 16)
 
 
 def test_a_size_measured_badly_once_is_bounded_by_the_smaller_sizes():
-    cost = FloorCost()
+    cost = MedianCost()
     cost.observe(1, 0.006)
     cost.observe(6, 0.960)          # the calibration forward of 6 tokens ran while the machine was busy
     assert cost.seconds(6) == pytest.approx(0.036) and cost.seconds(4) == pytest.approx(0.024)
@@ -36,7 +37,7 @@ def test_a_size_measured_badly_once_is_bounded_by_the_smaller_sizes():
 
 def test_sizes_keep_their_own_evidence():
     """Hundreds of steps at one size do not bend the cost of another (the calibration's k+1 tokens stay)."""
-    cost = FloorCost()
+    cost = MedianCost()
     cost.observe(1, 0.010)
     cost.observe(6, 0.012)
     for _ in range(500):
@@ -44,16 +45,27 @@ def test_sizes_keep_their_own_evidence():
     assert cost.seconds(6) == pytest.approx(0.012) and cost.seconds(4) == pytest.approx(0.0112)
 
 
-def test_draft_floor_ignores_one_off_work_and_follows_a_real_slowdown():
-    cost = FloorCost()
-    cost.observe(4, 0.100)            # the first step also read every new prompt
-    cost.observe(4, 0.002)
-    cost.observe(4, 0.030)            # a step that caught up on text written without drafting
-    assert cost.seconds(4) == pytest.approx(0.002, rel=0.05)
-    for _ in range(200):              # the draft really is slower now (longer contexts)
+def test_cost_ignores_one_off_work_and_follows_a_real_slowdown():
+    cost = MedianCost()
+    for seconds in (0.002, 0.030, 0.002, 0.002, 0.100):   # two steps also did one-off work (a page fault, catch-up)
+        cost.observe(4, seconds)
+    assert cost.seconds(4) == pytest.approx(0.002)
+    for _ in range(cost.window):      # the draft really is slower now (longer contexts)
         cost.observe(4, 0.004)
     assert cost.seconds(4) == pytest.approx(0.004)
     assert cost.seconds(8) == pytest.approx(0.008) and cost.seconds(1) == pytest.approx(0.004)
+
+
+def test_every_size_is_judged_by_its_typical_cost():
+    """A size measured on every step and one measured a few times, both typically 10 ms: equal estimates. A
+    running minimum made the first look cheaper (its minimum over hundreds of noisy steps) and kept it chosen."""
+    cost = MedianCost()
+    noisy = [0.008, 0.010, 0.012, 0.010, 0.011, 0.009, 0.010]
+    for seconds in noisy * 50:
+        cost.observe(6, seconds)
+    for seconds in noisy[:3]:
+        cost.observe(4, seconds)
+    assert cost.seconds(6) == pytest.approx(0.010) and cost.seconds(4) == pytest.approx(0.010)
 
 
 def test_expected_tokens_multiplies_conditional_rates():
@@ -119,17 +131,18 @@ def test_observe_step_refreshes_costs():
 
 def test_a_draft_measured_dear_once_is_probed_again():
     """One noisy draft measurement (28 ms for a 2 ms draft) makes k = 0 best; probes draft anyway now and then,
-    measure the real cost, and speculation resumes. Without probes nothing would measure the draft again."""
+    measure the real cost, and speculation resumes once the median says it is cheap (after two probes: the median
+    of 28 and 2 ms is still dear). Without probes nothing would measure the draft again."""
     spec = _calibrated(0.010, 0.0, 0.028, 0.0, accept_all=True)
     chosen = []
-    for _ in range(4 * PROBE_AFTER):
+    for _ in range(6 * PROBE_AFTER):
         k = spec.choose(rows=1)
         chosen.append(k)
         accepted = [k]
         spec.observe_step(1, k, accepted, draft_seconds=0.002 * k, target_seconds=0.010, host_seconds=0.0)
-    assert chosen[:PROBE_AFTER - 1] == [0] * (PROBE_AFTER - 1)
-    assert chosen[PROBE_AFTER - 1] > 0               # the probe
-    assert all(k == 5 for k in chosen[PROBE_AFTER:])  # measured cheap: drafts from then on
+    first, second = PROBE_AFTER - 1, PROBE_AFTER - 1 + 2 * PROBE_AFTER   # the interval doubles after the first
+    assert [i for i, k in enumerate(chosen[:second + 1]) if k] == [first, second]   # the probes
+    assert all(k == 5 for k in chosen[second + 1:])  # measured cheap: drafts from then on
 
 
 def test_probes_back_off_when_drafting_keeps_losing():
@@ -147,10 +160,10 @@ def test_a_row_that_drafted_fewer_says_nothing_of_the_positions_it_did_not_draft
     spec.observe_step(rows=2, k=4, num_accepted=[2, 1], draft_seconds=0.004, target_seconds=0.01,
                       host_seconds=0.0, num_drafted=[2, 4], width=4)
     assert spec.acceptance.tried[:4] == [2.0, 2.0, 0.0, 0.0] and spec.acceptance.accepted[:4] == [2.0, 1.0, 0.0, 0.0]
-    assert spec.target_cost.floors == {10: 0.01}
+    assert spec.target_cost.estimates == {10: 0.01}
     spec.observe_step(rows=2, k=4, num_accepted=[1, 1], draft_seconds=0.004, target_seconds=0.006,
                       host_seconds=0.0, num_drafted=[1, 2], width=2)   # SLEM: the widest row proposed 2
-    assert spec.target_cost.floors[6] == 0.006
+    assert spec.target_cost.estimates[6] == 0.006
 
 def _block_drafter_forwards(num_tokens: int) -> int:
     return 1 if num_tokens else 0
