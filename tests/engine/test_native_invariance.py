@@ -81,16 +81,19 @@ def test_prefill_sized_batches_give_each_row_its_alone_value():
     assert torch.equal(together, alone)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (the test above runs the AVX-512 path)")
-def test_the_amx_path_is_batch_invariant_too_on_amx_machines():
-    """ANYDRAFT_NATIVE_AMX=1 (read once per process) takes the AMX tile kernel at every width, 1000 included
-    (by default only from width 1024; the test above then runs AMX at its wide shapes, AVX-512 at the rest)."""
+@pytest.mark.parametrize("setting, path", [
+    pytest.param("1", "amx", marks=pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX")),
+    ("0", "avx512")])
+def test_each_path_is_batch_invariant_when_forced(setting, path):
+    """ANYDRAFT_NATIVE_AMX (read once per process): =1 takes the AMX tile kernel at every width that is a multiple
+    of 32, =0 the AVX-512 kernel at every width; by default an AMX machine runs AMX from width 128, so without
+    these the AVX-512 kernel would go untested at real widths there."""
     code = ("import sys; sys.path.insert(0, {here!r}); import test_native_invariance as t; "
             "from anydraft.model.native_extension import load_extension; "
-            "assert load_extension().matmul_path(1024) == 'amx'; "
-            "[t.check_linear(c, r) for c, r in [(1024, 4096), (3072, 1024), (1040, 1000)]]")
+            f"assert load_extension().matmul_path(1024) == {path!r}; "
+            "[t.check_linear(c, r) for c, r in [(1024, 4096), (3072, 1024), (192, 512), (1040, 1000)]]")
     done = subprocess.run([sys.executable, "-c", code.format(here=str(Path(__file__).parent))], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "ANYDRAFT_NATIVE_AMX": "1"})
+                          text=True, timeout=600, env={**os.environ, "ANYDRAFT_NATIVE_AMX": setting})
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -8,12 +8,12 @@
 //  - AMX (Sapphire Rapids and later; K a multiple of 32): 16 weight rows x up to 16 activation rows per tile
 //    instruction, TDPBF16PS (each output a hardware dot product over its own row and column, in k order);
 //  - AVX-512: 4 activation rows x 4 weight rows in registers, VDPBF16PS into 16 fp32 lanes, then one lane tree.
-// AMX runs for widths K >= AMX_MIN_WIDTH (real model sizes) where the CPU and the OS grant it; below, AVX-512.
-// Measured on a 2-core Sapphire Rapids VM (Qwen3-0.6B shape, 2 threads): AMX takes a batch-16 decode step from
-// 185 to 96 ms, a 16-prompt prefill from 16.3 to 6.1 s and a batch-1 decode from 51 to 38 ms; for small layers
-// and a few rows it was measured 20-200x slower (tile state faults), hence the threshold. ANYDRAFT_NATIVE_AMX=0
-// turns AMX off, =1 uses it at every width that is a multiple of 32. Read once per process: which path runs
-// depends on the width only, never on the rows.
+// AMX runs for widths K >= AMX_MIN_WIDTH where the CPU and the OS grant it; below, AVX-512. Measured on a 2-core
+// Sapphire Rapids VM, 2 threads, AMX against AVX-512 at widths 192-576 (the shipped models, smollm2-135m's shape):
+// as fast at one row and up to 2x faster from 4 rows (shipped qwen3-target alone, batch 16: 1.2x; grown
+// smollm2-135m, batch 4: 1.9x); at the Qwen3-0.6B shape a batch-16 decode step went from 185 to 96 ms. Narrower
+// widths (test models) keep AVX-512. ANYDRAFT_NATIVE_AMX=0 turns AMX off, =1 uses it at every width that is a
+// multiple of 32. Read once per process: which path runs depends on the width only, never on the rows.
 #pragma once
 #include "kernels.h"
 
@@ -152,7 +152,7 @@ inline void linear_avx512(const uint16_t* xp, int64_t M, int64_t K, const uint16
 }
 
 
-constexpr int64_t AMX_MIN_WIDTH = 1024;
+constexpr int64_t AMX_MIN_WIDTH = 128;
 
 // ANYDRAFT_NATIVE_AMX: -1 unset (AMX from AMX_MIN_WIDTH), 0 off, 1 at every width.
 inline int amx_setting() {
