@@ -72,6 +72,18 @@ def test_sample_is_the_gumbel_max_over_every_row(temperature):
     assert torch.equal(drawn, _reference(head, hidden, 5000, temps, keys))
 
 
+@pytest.mark.parametrize("temperature", [0.5, 8.0])
+def test_rows_past_the_probe_are_screened_without_losing_the_winner(temperature):
+    """A 20000-row head: past its first 1024 rows (the probe) a row is kept only if its score plus the largest
+    noise could reach the best value found; at T = 8 the noise decides and many rows stay. 64 draws, exact."""
+    head = _head(20000, seed=15, scale=0.1)
+    hidden = (torch.randn(64, 128, generator=torch.Generator().manual_seed(16)) * 3).bfloat16()
+    temps, keys = torch.full((64,), temperature), _keys(64, 17)
+    drawn = head.sample(hidden, 20000, temps, keys)
+    assert torch.equal(drawn, _reference(head, hidden, 20000, temps, keys))
+    assert (drawn >= 1024).float().mean() > 0.5   # most winners lie past the probe
+
+
 def test_sample_of_a_row_does_not_depend_on_its_batch():
     head = _head(3000, seed=4)
     hidden = (torch.randn(13, 128, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()

@@ -92,13 +92,34 @@ inline __m512 log16(__m512 x) {
 
 // Upper bounds on the exact noise of 16 rows with these noise counters: u < (z's top 24 bits + 1) 2^-24 =: v and
 // the Gumbel is increasing in u, so g < -log(-log(v)) (+inf for v = 1), plus a margin over log16's error.
-inline __m512 gumbel_bound16(uint64_t key, __m512i counters) {
-  const __m512i top = _mm512_srli_epi32(hash_high16(key, counters), 8);
+inline __m512 gumbel_bound_of_top16(__m512i top) {   // top: z's top 24 bits
   const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(top, _mm512_set1_epi32(1))), _mm512_set1_ps(0x1p-24f));
   const __m512 exp_noise = _mm512_sub_ps(_mm512_setzero_ps(), log16(v));   // -log v >= 0 (0 for v = 1)
   const __m512 g = _mm512_sub_ps(_mm512_setzero_ps(), log16(exp_noise));    // +inf for v = 1
   const __m512 margin = _mm512_fmadd_ps(_mm512_abs_ps(g), _mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
   return _mm512_add_ps(g, margin);
+}
+
+inline __m512 gumbel_bound16(uint64_t key, __m512i counters) {
+  return gumbel_bound_of_top16(_mm512_srli_epi32(hash_high16(key, counters), 8));
+}
+
+constexpr int32_t TOP_MAX = 0xFFFFFF;   // v = 1: the one top whose bound is +inf
+
+// The largest finite value gumbel_bound16 gives, over every top below TOP_MAX: computed once by the same
+// arithmetic (log16 near 1 is not monotone to the last bit). Tops below TOP_MAX - 2^16 have v < 1 - 2^-8, where
+// the bound is under -log(-log(1 - 2^-8)) + margin < 6; the 2^16 tops above are scanned.
+inline float noise_cap() {
+  static const float cap = [] {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    float worst = 6.f;
+    for (int32_t t0 = TOP_MAX - 65536; t0 < TOP_MAX; t0 += 16) {
+      const __m512i top = _mm512_min_epi32(_mm512_add_epi32(_mm512_set1_epi32(t0), lane), _mm512_set1_epi32(TOP_MAX - 1));
+      worst = std::max(worst, _mm512_reduce_max_ps(gumbel_bound_of_top16(top)));
+    }
+    return std::nextafter(worst, std::numeric_limits<float>::infinity());
+  }();
+  return cap;
 }
 
 struct BestDouble {  // running argmax: the larger value, the lower index on ties
@@ -152,112 +173,138 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   std::vector<Screen> screens;
   quantize_rows(xp, M, K, codes, screens);
 
-  // Pass 1: every row's upper bound on its perturbed value (+inf for a row without a usable screen), and per
-  // thread and lane the row with the highest bound: the seeds of the exact search.
-  const int64_t padded = blocks * 16;
-  std::vector<float> bound(M * padded);
+  // Pass 1, over the head's first blocks (the probe): every row's upper bound on its perturbed value (+inf for a
+  // row without a usable screen) is kept, and per thread and lane the row with the highest bound seeds the exact
+  // search. Then over the rest, against the probe's threshold (at most the final one): only rows whose bound
+  // reaches it are kept, as candidates (a full bound array was M x the head's rows of floats written and read).
   const int threads = at::get_num_threads();
+  const int64_t probe = std::min(blocks, std::max<int64_t>(64, blocks / 32));
+  const int64_t probed = probe * 16;
+  std::vector<float> bound(M * probed);
+  struct Candidate { int32_t row; float bound; };
+  std::vector<std::vector<Candidate>> candidates(M * threads);
   std::vector<int64_t> seeds(M * threads * 16, -1);
+  std::vector<float> threshold(M, -std::numeric_limits<float>::infinity());
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   // A logit is the bf16 rounding of a sum the int8 bound covers: rounding can raise it by |value| / 256, and
   // flushed denormal partial sums by K * FLT_MIN (as greedy_head's threshold); /64 leaves room.
   const __m512 denormal = _mm512_set1_ps(float(K) * std::numeric_limits<float>::min());
-  at::parallel_for(0, blocks, 256, [&](int64_t b0, int64_t b1) {
-    int64_t* seed = &seeds[M * 16 * at::get_thread_num()];
-    std::vector<__m512> best_bound(M, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
-    std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
-    const BlockScorer scorer(codes.data(), M, K);
-    std::vector<int32_t> ints(M * 16);
-    for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
-      const int64_t n = b * 16;
-      const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
-      const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
-      const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
-      const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
-      const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
-      scorer.block_scores(qp + b * groups * 64, ints.data());   // these 16 head rows x every activation row
-      for (int64_t m = 0; m < M; ++m) {
-        const Screen& s = screens[m];
-        __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-        if (s.usable) {
-          const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints.data() + m * 16), offset);   // exact p . q_n
-          const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
-          const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
-                                               _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
-          const __m512 logit = _mm512_add_ps(score, slack);   // >= the fp32 dot product
-          const __m512 rounded = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
-          // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
-          const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
-          const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);
-          upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], _mm512_loadu_si512(counters.data() + n)));
-          upper = _mm512_fmadd_ps(_mm512_abs_ps(upper), _mm512_set1_ps(1e-6f), upper);   // the sum's rounding
+  const float cap = noise_cap();
+  auto screen_blocks = [&](int64_t b_begin, int64_t b_end, bool keep_bounds) {
+    if (b_begin >= b_end) return;
+    at::parallel_for(b_begin, b_end, 256, [&](int64_t b0, int64_t b1) {
+      const int t = at::get_thread_num();
+      int64_t* seed = &seeds[M * 16 * t];
+      std::vector<__m512> best_bound(M, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+      std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
+      const BlockScorer scorer(codes.data(), M, K);
+      std::vector<int32_t> ints(M * 16);
+      alignas(64) float lanes[16];
+      for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
+        const int64_t n = b * 16;
+        const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
+        const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
+        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
+        const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
+        const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
+        scorer.block_scores(qp + b * groups * 64, ints.data());   // these 16 head rows x every activation row
+        for (int64_t m = 0; m < M; ++m) {
+          const Screen& s = screens[m];
+          __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+          if (s.usable) {
+            const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints.data() + m * 16), offset);   // exact p . q_n
+            const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
+            const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
+                                                 _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
+            const __m512 logit = _mm512_add_ps(score, slack);   // >= the fp32 dot product
+            const __m512 rounded = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
+            // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
+            const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
+            const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);
+            const __m512i counter = _mm512_loadu_si512(counters.data() + n);
+            if (!keep_bounds) {   // past the probe: skip the noise's logs where even the largest noise cannot reach
+              const __m512i top = _mm512_srli_epi32(hash_high16(kp[m], counter), 8);
+              const __mmask16 unbounded = _mm512_cmpeq_epi32_mask(top, _mm512_set1_epi32(TOP_MAX));   // v = 1
+              __m512 reach = _mm512_add_ps(scaled_up, _mm512_set1_ps(cap));
+              reach = _mm512_fmadd_ps(_mm512_abs_ps(reach), _mm512_set1_ps(1e-6f), reach);
+              if (!(_mm512_mask_cmp_ps_mask(valid, reach, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ) | (unbounded & valid)))
+                continue;   // no row of this block can win for m (nor seed it: its bound is below the best exact value)
+            }
+            upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], counter));
+            upper = _mm512_fmadd_ps(_mm512_abs_ps(upper), _mm512_set1_ps(1e-6f), upper);   // the sum's rounding
+          }
+          if (keep_bounds) {
+            _mm512_storeu_ps(bound.data() + m * probed + n, upper);
+          } else {
+            __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
+            if (open) {   // rare: almost every block has no row left standing
+              _mm512_store_ps(lanes, upper);
+              for (; open; open &= open - 1) {
+                const int i = __builtin_ctz(open);
+                candidates[M * t + m].push_back({int32_t(n + i), lanes[i]});
+              }
+            }
+          }
+          const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, upper, best_bound[m], _CMP_GT_OQ);
+          best_bound[m] = _mm512_mask_blend_ps(better, best_bound[m], upper);
+          best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
         }
-        _mm512_storeu_ps(bound.data() + m * padded + n, upper);
-        const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, upper, best_bound[m], _CMP_GT_OQ);
-        best_bound[m] = _mm512_mask_blend_ps(better, best_bound[m], upper);
-        best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
       }
-    }
-    for (int64_t m = 0; m < M; ++m) {
-      alignas(64) int32_t row_ids[16];
-      _mm512_store_si512(row_ids, best_row[m]);
-      for (int l = 0; l < 16; ++l)
-        if (row_ids[l] >= 0) seed[m * 16 + l] = row_ids[l];
-    }
-  });
+      for (int64_t m = 0; m < M; ++m) {
+        alignas(64) int32_t row_ids[16];
+        _mm512_store_si512(row_ids, best_row[m]);
+        for (int l = 0; l < 16; ++l)
+          if (row_ids[l] >= 0) seed[m * 16 + l] = row_ids[l];
+      }
+    });
+  };
 
   // The exact perturbed value of head row n for activation row m: the bf16 logit (head_logits' value) / T + g.
   auto perturbed = [&](int64_t m, const float* logits, const int64_t* rows, int64_t count, BestDouble& best) {
     for (int64_t i = 0; i < count; ++i)
       best.offer(double(logits[i]) * invp[m] + gumbel(kp[m], counters[rows[i]]), rows[i]);
   };
+  // best[m] takes the seeds' exact values (it only rises, so the probe's threshold is at most the final one); a
+  // row whose bound is below it (rounded down to float) cannot win.
   std::vector<BestDouble> best(M);
-  std::vector<float> threshold(M);
-  for (int64_t m = 0; m < M; ++m) {
-    std::vector<int64_t> rows;
-    for (int t = 0; t < threads; ++t)
-      for (int l = 0; l < 16; ++l)
-        if (seeds[(M * t + m) * 16 + l] >= 0) rows.push_back(seeds[(M * t + m) * 16 + l]);
-    std::vector<float> logits(rows.size());
-    exact_dots(xb.data() + m * K, K, wp, rows.data(), int64_t(rows.size()), logits.data());
-    perturbed(m, logits.data(), rows.data(), int64_t(rows.size()), best[m]);
-    // A row whose bound is below the best exact value (rounded down to float) cannot win.
-    const double v = best[m].value;
-    threshold[m] = std::isfinite(v) ? std::nextafter(float(v), -std::numeric_limits<float>::infinity())
-                                    : -std::numeric_limits<float>::infinity();
-  }
-
-  // Pass 2: the exact perturbed values of the rows that could still win.
-  std::vector<BestDouble> winners(M * threads);
-  at::parallel_for(0, num_rows, 4096, [&](int64_t n0, int64_t n1) {
-    BestDouble* winner = &winners[M * at::get_thread_num()];
-    std::vector<int64_t> survivors;
-    std::vector<float> exact;
+  auto set_thresholds = [&] {
     for (int64_t m = 0; m < M; ++m) {
-      const float* b = bound.data() + m * padded;
-      const __m512 t = _mm512_set1_ps(threshold[m]);
-      survivors.clear();
-      int64_t n = n0;
-      for (; n + 16 <= n1; n += 16)   // 16 bounds per compare; almost every block has no survivor
-        if (_mm512_cmp_ps_mask(_mm512_loadu_ps(b + n), t, _CMP_NLT_UQ))
-          for (int64_t i = n; i < n + 16; ++i)
-            if (!(b[i] < threshold[m])) survivors.push_back(i);
-      for (; n < n1; ++n)
+      std::vector<int64_t> rows;
+      for (int t = 0; t < threads; ++t)
+        for (int l = 0; l < 16; ++l)
+          if (seeds[(M * t + m) * 16 + l] >= 0) rows.push_back(seeds[(M * t + m) * 16 + l]);
+      std::vector<float> logits(rows.size());
+      exact_dots(xb.data() + m * K, K, wp, rows.data(), int64_t(rows.size()), logits.data());
+      perturbed(m, logits.data(), rows.data(), int64_t(rows.size()), best[m]);
+      const double v = best[m].value;
+      threshold[m] = std::isfinite(v) ? std::nextafter(float(v), -std::numeric_limits<float>::infinity())
+                                      : -std::numeric_limits<float>::infinity();
+    }
+    std::fill(seeds.begin(), seeds.end(), -1);
+  };
+  screen_blocks(0, probe, true);
+  set_thresholds();
+  screen_blocks(probe, blocks, false);
+  set_thresholds();
+
+  // Pass 2: the exact perturbed values of the rows that could still win (probed rows and candidates).
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      std::vector<int64_t> survivors;
+      const float* b = bound.data() + m * probed;
+      for (int64_t n = 0; n < std::min(probed, num_rows); ++n)
         if (!(b[n] < threshold[m])) survivors.push_back(n);
-      exact.resize(survivors.size());
+      for (int t = 0; t < threads; ++t)
+        for (const Candidate& c : candidates[M * t + m])
+          if (!(c.bound < threshold[m])) survivors.push_back(c.row);
+      std::vector<float> exact(survivors.size());
       exact_dots(xb.data() + m * K, K, wp, survivors.data(), int64_t(survivors.size()), exact.data());
-      perturbed(m, exact.data(), survivors.data(), int64_t(survivors.size()), winner[m]);
+      perturbed(m, exact.data(), survivors.data(), int64_t(survivors.size()), best[m]);
     }
   });
   auto result = torch::empty({M}, hidden.options().dtype(at::kLong));
   int64_t* rp = result.data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m) {
-    for (int t = 0; t < threads; ++t) {
-      const BestDouble& w = winners[M * t + m];
-      if (w.index >= 0) best[m].offer(w.value, w.index);
-    }
-    // NaN everywhere (a non-finite hidden state) wins nowhere: such a row gets its first seed, as argmax of NaN.
-    rp[m] = best[m].index >= 0 ? best[m].index : 0;
-  }
+  // NaN everywhere (a non-finite hidden state) wins nowhere: such a row gets its first seed, as argmax of NaN.
+  for (int64_t m = 0; m < M; ++m) rp[m] = best[m].index >= 0 ? best[m].index : 0;
   return result.view(hidden.sizes().slice(0, hidden.dim() - 1));
 }
