@@ -2,8 +2,11 @@
 
 Batch 16: LLM with the draft and default settings (num_speculative_tokens 5, adaptive) vs LLM with the target
 alone, 16 GSM8K test prompts decoded together. Batch 1: the same settings vs {"num_speculative_tokens": 3,
-"adaptive": False} (and the target alone, for context), one prompt at a time; each setting has its own LLM. Greedy, max 128 tokens, medians of --repeats interleaved rounds after a
-warm-up; outputs are checked equal across the contenders (greedy is lossless).
+"adaptive": False} (and the target alone, for context), one prompt at a time; each setting has its own LLM.
+Greedy, max 128 tokens, medians of --repeats rounds after a warm-up; within a round the contenders of a batch
+size decode the same group of prompts (all 16 at batch 16, each prompt at batch 1) taking turns step by step, in
+rotating order, each timed over its own steps. Outputs are checked equal across the contenders (greedy is
+lossless).
 
     python bench/adaptive_check.py --out bench/results/<date>-adaptive/check.json
 """
@@ -23,14 +26,26 @@ from anydraft.model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from anydraft.provenance import provenance
 
 
-def timed(llm: LLM, prompts: list[str], params: SamplingParams, batch: int) -> tuple[float, list[list[int]]]:
-    """tok/s of decoding `prompts` `batch` at a time, and the outputs."""
-    outputs, tokens, start = [], 0, time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        for out in llm.generate(prompts[i:i + batch], params):
-            outputs.append(out.outputs[0].token_ids)
-            tokens += len(out.outputs[0].token_ids)
-    return tokens / (time.perf_counter() - start), outputs
+def interleaved(llms: dict[str, LLM], prompts: list[str], params: SamplingParams, turn: int
+                ) -> dict[str, tuple[int, float, list[list[int]]]]:
+    """Each LLM decodes `prompts` together (as its generate() does: queue them, then step until done), the LLMs
+    taking turns step by step, in an order rotating at every turn; per LLM: tokens, its own seconds, outputs."""
+    names, seconds, requests = list(llms), dict.fromkeys(llms, 0.0), {}
+    for name in names:
+        start = time.perf_counter()
+        requests[name] = [llms[name].engine.add_request(prompt, params) for prompt in prompts]
+        seconds[name] += time.perf_counter() - start
+    while any(llm.engine.has_unfinished() for llm in llms.values()):
+        shift = turn % len(names)
+        for name in names[shift:] + names[:shift]:
+            engine = llms[name].engine
+            if engine.has_unfinished():
+                start = time.perf_counter()
+                engine.step()
+                seconds[name] += time.perf_counter() - start
+        turn += 1
+    return {name: (sum(len(r.output_target_ids) for r in requests[name]), seconds[name],
+                   [list(r.output_target_ids) for r in requests[name]]) for name in names}
 
 
 def main() -> None:
@@ -56,19 +71,29 @@ def main() -> None:
                        "fixed k=3": {"model": args.draft, "num_speculative_tokens": 3, "adaptive": False}}[name]
         return LLM(args.target, speculative, max_num_seqs=b)
 
-    plan = [("batch16", "adaptive k<=5", batch), ("batch16", "target alone", batch),
-            ("batch1", "adaptive k<=5", 1), ("batch1", "fixed k=3", 1), ("batch1", "target alone", 1)]
-    contenders = {(setting, name): make(name, b) for setting, name, b in plan}
-    for setting, name, b in plan:   # warm-up
-        timed(contenders[(setting, name)], prompts[:b], params, b)
-    rates: dict[tuple[str, str], list[float]] = {(s, n): [] for s, n, _ in plan}
-    outputs = {}
+    groups = [("batch16", ["adaptive k<=5", "target alone"], batch),
+              ("batch1", ["adaptive k<=5", "fixed k=3", "target alone"], 1)]
+    contenders = {(setting, name): make(name, b) for setting, names, b in groups for name in names}
+    for setting, names, b in groups:   # warm-up
+        interleaved({name: contenders[(setting, name)] for name in names}, prompts[:b], params, 0)
+    rates: dict[tuple[str, str], list[float]] = {key: [] for key in contenders}
+    outputs: dict[tuple[str, str], list] = {}
+    # The contenders of a batch size take turns step by step (a step is milliseconds): this machine's speed
+    # drifts by tens of percent within seconds, and interleaving whole rounds (seconds each) let a drift land on
+    # one contender. Each contender's time is its own steps' (and queueing its prompts), summed.
     for repeat in range(args.repeats):
-        order = plan[repeat % len(plan):] + plan[:repeat % len(plan)]   # rotate, so drift hits all alike
-        for setting, name, b in order:
-            rate, outs = timed(contenders[(setting, name)], prompts, params, b)
-            rates[(setting, name)].append(rate)
-            outputs[(setting, name)] = outs
+        for setting, names, b in groups:
+            tokens, seconds = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
+            outs = {name: [] for name in names}
+            for i in range(0, len(prompts), b):
+                done = interleaved({name: contenders[(setting, name)] for name in names}, prompts[i:i + b], params,
+                                   repeat + i)
+                for name, (n, dt, out) in done.items():
+                    tokens[name], seconds[name] = tokens[name] + n, seconds[name] + dt
+                    outs[name] += out
+            for name in names:
+                rates[(setting, name)].append(tokens[name] / seconds[name])
+                outputs[(setting, name)] = outs[name]
     reference = outputs[("batch16", "target alone")]
     result = {**provenance(torch_threads=args.threads), "command": "python bench/adaptive_check.py " + " ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
