@@ -13,6 +13,8 @@ whatever k is (greedy: identical to the target alone; sampling: the same distrib
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,35 +43,48 @@ class MedianCost:
     window: int = 15
     samples: dict[int, deque] = field(default_factory=dict)
     estimates: dict[int, float] = field(default_factory=dict)   # x -> its current median (the estimate at x)
+    # The estimates sorted by size, with the least seconds-per-unit below each: rebuilt when an estimate changes,
+    # so that pricing every k of a step is a few bisections (this runs on every step, beside millisecond forwards).
+    _sizes: list[int] = field(default_factory=list, repr=False)
+    _values: list[float] = field(default_factory=list, repr=False)
+    _least_rate_below: list[float] = field(default_factory=list, repr=False)
 
     def observe(self, x: int, seconds: float) -> None:
         recent = self.samples.setdefault(x, deque(maxlen=self.window))
         recent.append(seconds)
-        self.estimates[x] = statistics.median(recent)
+        estimate = statistics.median(recent)
+        if self.estimates.get(x) != estimate:
+            self.estimates[x] = estimate
+            self._sizes = []
 
     def seconds(self, x: int) -> float:
         if not self.estimates:
             return 0.0
+        if not self._sizes:
+            self._sizes = sorted(self.estimates)
+            self._values = [self.estimates[m] for m in self._sizes]
+            self._least_rate_below = list(itertools.accumulate((v / m for m, v in zip(self._sizes, self._values)),
+                                                               min, initial=float("inf")))
+        i = bisect.bisect_left(self._sizes, x)
         # A forward over x never costs more than x/m forwards over m (the work splits); this bounds a size
         # measured once, badly, by the sizes below it, which every step re-measures.
-        bound = min((self.estimates[m] * x / m for m in self.estimates if m < x), default=float("inf"))
-        return min(self._interpolated(x), bound)
+        return min(self._interpolated(x, i), x * self._least_rate_below[i])
 
-    def _interpolated(self, x: int) -> float:
-        if x in self.estimates:
-            return self.estimates[x]
-        below = [m for m in self.estimates if m < x]
-        above = [m for m in self.estimates if m > x]
-        if not below:           # smaller than anything measured: no cheaper than the smallest measured
-            return self.estimates[min(above)]
-        if above:
-            lo, hi = max(below), min(above)
-        elif len(below) > 1:    # beyond the largest: along the last segment
-            lo, hi = sorted(below)[-2:]
+    def _interpolated(self, x: int, i: int) -> float:
+        """i: the first measured size >= x."""
+        sizes, values = self._sizes, self._values
+        if i < len(sizes) and sizes[i] == x:
+            return values[i]
+        if i == 0:              # smaller than anything measured: no cheaper than the smallest measured
+            return values[0]
+        if i < len(sizes):
+            lo, hi = i - 1, i
+        elif len(sizes) > 1:    # beyond the largest: along the last segment
+            lo, hi = len(sizes) - 2, len(sizes) - 1
         else:                   # one size measured: proportional
-            return self.estimates[below[0]] * x / below[0]
-        slope = max((self.estimates[hi] - self.estimates[lo]) / (hi - lo), 0.0)
-        return self.estimates[lo] + slope * (x - lo)
+            return values[0] * x / sizes[0]
+        slope = max((values[hi] - values[lo]) / (sizes[hi] - sizes[lo]), 0.0)
+        return values[lo] + slope * (x - sizes[lo])
 
 
 @dataclass
