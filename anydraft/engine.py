@@ -84,6 +84,7 @@ class Engine:
         self.stats = SpecStats(self.k)
         self._next_id = itertools.count()
         self._draft_reads_prompts = False   # requests joined since the draft last ran (adaptive's cost excludes them)
+        self._probe_turn = 0                # which row the next one-row probe drafts for
         if self.speculation is not None:
             self._calibrate_target_cost()
 
@@ -217,7 +218,8 @@ class Engine:
         sampling = self._sampling_batch(step_requests)
         k = self.k if self.speculation is None else self.speculation.choose(len(rows))   # 0 = plain decode
         sampling = self._couple(sampling, k)                                               # noise keys, or as is
-        proposal = self.proposer.propose(rows, sampling, k)                                # [B, k] target ids
+        drafting = self._drafting_rows(rows, sampling, k)                                 # all, or a probe's one
+        proposal = self._propose(rows, drafting, sampling, k)                             # [B, k] target ids
         width = proposal.draft_target_ids.shape[1]   # k, or fewer when every row proposes fewer (ragged, SLEM)
         counts = proposal.num_draft_tokens or [width] * len(rows)
         row_drafts = [min(r.params.max_draft_tokens(width), n) for r, n in zip(step_requests, counts)]  # may cap
@@ -233,14 +235,38 @@ class Engine:
         if self.speculation is not None:
             draft_seconds = None if self._draft_reads_prompts and k else t1 - t0
             self.speculation.observe_step(len(rows), k, num_accepted, draft_seconds, t2 - t1, t3 - t2,
-                                          row_drafts, width)
-        self._draft_reads_prompts = self._draft_reads_prompts and not k
+                                          row_drafts, width, len(drafting))
+        self._draft_reads_prompts = self._draft_reads_prompts and not (k and len(drafting) == len(rows))
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             stats.other_seconds += t3 - t2
         return step_requests
+
+    def _drafting_rows(self, rows: list[int], sampling: SamplingBatch | None, k: int) -> list[int]:
+        """The rows the draft writes for: all, or for an adaptive probe of a greedy batch one row in turn, where the
+        proposer allows (a probe measures acceptance and costs; the whole batch's draft catching up on its text
+        made each probe cost several plain steps)."""
+        if (not k or len(rows) == 1 or sampling is not None or self.speculation is None or not self.speculation.probing
+                or not getattr(self.proposer, "drafts_row_subsets", False)):
+            return rows
+        self._probe_turn += 1
+        return [rows[self._probe_turn % len(rows)]]
+
+    def _propose(self, rows: list[int], drafting: list[int], sampling: SamplingBatch | None, k: int) -> Proposal:
+        """The proposer's proposal for `drafting`, as one for all `rows`: the others propose nothing (count 0)."""
+        if len(drafting) == len(rows):
+            return self.proposer.propose(rows, sampling, k)
+        part = self.proposer.propose(drafting, sampling, k)                      # greedy only: no draft_probs
+        width = part.draft_target_ids.shape[1]
+        index = [rows.index(r) for r in drafting]
+        draft_target_ids = torch.zeros(len(rows), width, dtype=torch.long, device=part.draft_target_ids.device)
+        draft_target_ids[index] = part.draft_target_ids
+        counts = [0] * len(rows)
+        for i, n in zip(index, part.num_draft_tokens or [width] * len(drafting)):
+            counts[i] = n
+        return Proposal(draft_target_ids, None, num_draft_tokens=counts)                 # [B, width], ragged
 
     def _target_forward(self, rows: list[int], proposal: Proposal, sampling: SamplingBatch | None) -> torch.Tensor:
         """The target over [last verified token, k drafts]: its greedy ids [B, k+1] when every row is greedy

@@ -6,8 +6,9 @@ the running rate at which position i is accepted given that positions 1..i-1 wer
 all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + F(k) * T_draft(B rows) + T_host, where F(k)
 is the number of draft forwards a proposal of k costs (the proposer says: k for a draft that writes a token per
 forward, 1 for a block drafter), each forward's cost the median of its recent measured times at each size,
-interpolated between sizes (target forwards timed at load, then every step refines them). A step that stops drafting still probes now and then, so a cost or rate
-measured wrongly once is measured again.
+interpolated between sizes (target forwards timed at load, then every step refines them). A step that stops
+drafting still probes now and then, so a cost or rate measured wrongly once is measured again; where the proposer
+can, a greedy probe drafts for one row only (the draft then reads one prompt and one row's text, not the batch's).
 The choice is per step for the whole batch: every row verifies the same k, so the output stays lossless
 whatever k is (greedy: identical to the target alone; sampling: the same distribution).
 """
@@ -143,6 +144,7 @@ class AdaptiveSpeculation:
     host_seconds: float = 0.0                                      # per step, outside the model forwards
     history: dict[int, int] = field(default_factory=dict)         # k -> steps that used it
     draft_forwards: Callable[[int], int] = one_forward_per_token   # F(k): the proposer's Proposer.draft_forwards
+    probing: bool = False   # whether the last choice is a probe (the engine may then draft for one row only)
     _steps_without_drafting: int = 0
     _probe_after: int = PROBE_AFTER
 
@@ -172,21 +174,22 @@ class AdaptiveSpeculation:
         if self._steps_without_drafting < self._probe_after:
             return self._chose(0)
         self._steps_without_drafting, self._probe_after = 0, min(2 * self._probe_after, PROBE_AFTER_MAX)
-        return self._chose(max(range(1, self.max_k + 1), key=lambda k: (rates[k], k)))   # the probe
+        return self._chose(max(range(1, self.max_k + 1), key=lambda k: (rates[k], k)), probe=True)
 
-    def _chose(self, k: int) -> int:
+    def _chose(self, k: int, probe: bool = False) -> int:
         self.history[k] = self.history.get(k, 0) + 1
+        self.probing = probe
         return k
 
     def observe_step(self, rows: int, k: int, num_accepted: list[int], draft_seconds: float | None,
                      target_seconds: float, host_seconds: float, num_drafted: list[int] | None = None,
-                     width: int | None = None) -> None:
+                     width: int | None = None, draft_rows: int | None = None) -> None:
         """What a step of `rows` rows drafting k accepted, and the measured seconds of its parts (draft_seconds
         None: the draft also read new prompts this step, so its time says nothing of a draft step's cost).
         num_drafted: each row's own count where it differs from k; width: the drafts per row the target read
-        (default k; fewer when every row proposed fewer)."""
+        (default k; fewer when every row proposed fewer); draft_rows: the rows the draft ran for (default all)."""
         self.acceptance.observe([k] * rows if num_drafted is None else num_drafted, num_accepted)
         self.target_cost.observe(rows * ((k if width is None else width) + 1), target_seconds)
         if k and draft_seconds is not None:
-            self.draft_cost.observe(rows, draft_seconds / self.draft_forwards(k))
+            self.draft_cost.observe(rows if draft_rows is None else draft_rows, draft_seconds / self.draft_forwards(k))
         self.host_seconds = 0.9 * self.host_seconds + 0.1 * host_seconds if self.host_seconds else host_seconds

@@ -59,6 +59,10 @@ class DraftModelProposer:
             self.runner.cache.truncate(row, cached)
         return draft_ids[cached:]
 
+    # propose() may be given some of the running rows (an adaptive probe drafts for one): observe() then sees all
+    # of them, the others with nothing proposed, and they catch up when they next draft.
+    drafts_row_subsets = True
+
     @property
     def couples_draws(self) -> bool:
         """Whether _draft can draw with the step's noise keys (a native sampling head), the target's noise per
@@ -75,12 +79,13 @@ class DraftModelProposer:
         if k == 0:   # a plain target step: nothing to write; the draft catches up on the text at its next propose
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
         self._read_backlog()
-        if self.unfilled_rows:
+        joined = [r for r in self.unfilled_rows if r in rows]   # rows not drafting now keep waiting (a probe)
+        if joined:
             # One padded forward over the prompts of the rows that joined (all but their last token).
-            fits = [r for r in self.unfilled_rows if len(self.states[r].draft_ids) + k - 1 <= runner.cache.max_len]
+            fits = [r for r in joined if len(self.states[r].draft_ids) + k - 1 <= runner.cache.max_len]
             if fits:
                 runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
-            self.unfilled_rows = []
+            self.unfilled_rows = [r for r in self.unfilled_rows if r not in joined]
         pending = [self._pending(r) for r in rows]
         # Another tokenizer may spell the text in many more tokens than the target's, so a row's draft sequence
         # can outgrow the draft cache. Such a row stops drafting: it proposes a fixed token (q one-hot on it),

@@ -92,3 +92,42 @@ def test_adaptive_choice_is_reported_and_learns_costs(ckpts, llms, prompts):
     assert speculation.target_cost.seconds(1) > 0          # calibrated at load, refreshed by steps
     histogram = llm.stats.k_histogram
     assert sum(histogram.values()) == llm.stats.target_forwards and set(histogram) <= set(range(5))
+
+
+@pytest.mark.parametrize("case, target, draft", BACKLOG_PAIRS, ids=[p[0] for p in BACKLOG_PAIRS])
+def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch, case, target, draft):
+    """A greedy probe drafts for one row of the batch; the others propose nothing that step and catch up on their
+    text (and a joining row on its prompt) when they next draft. Every proposal equals the draft's proposal from
+    scratch on its row's sequence (no cache), and the output stays the target alone's."""
+    from test_draft_sync import proposals_from_scratch
+    target_dir = getattr(ckpts, target)
+    llm = llms.get(target_dir, getattr(ckpts, draft), k=3, max_num_seqs=3, adaptive=True)
+    engine, speculation, proposer = llm.engine, llm.engine.speculation, llm.engine.proposer
+    chooser = random.Random(1)
+
+    def choose(rows: int) -> int:
+        k = chooser.choice([0, 0, 1, 2, 3])
+        speculation.probing = bool(k) and chooser.random() < 0.6
+        return k
+    monkeypatch.setattr(speculation, "choose", choose)
+    drafted_for = []
+    drafting_rows = engine._drafting_rows
+    monkeypatch.setattr(engine, "_drafting_rows", lambda rows, sampling, k: drafted_for.append(
+        (len(rows), len(drafting_rows(rows, sampling, k)), k)) or drafting_rows(rows, sampling, k))
+    propose = proposer.propose
+
+    def checked_propose(rows, sampling, num_tokens=None):
+        if num_tokens:
+            proposer._read_backlog()   # what propose reads first
+            expected = {row: proposals_from_scratch(proposer, row)[:num_tokens] for row in rows}
+        proposal = propose(rows, sampling, num_tokens)
+        for i, row in enumerate(rows if num_tokens else []):
+            assert proposal.draft_target_ids[i].tolist() == expected[row], f"row {row}"
+        return proposal
+    monkeypatch.setattr(proposer, "propose", checked_propose)
+    max_tokens = [21, 40, 9, 31, 26]
+    outputs = llm.generate(prompts[:5], [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
+    for prompt, n, out in zip(prompts, max_tokens, outputs):
+        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
+    assert any(rows > 1 and drafting == 1 and k for rows, drafting, k in drafted_for)        # one-row probes
+    assert any(rows > 1 and drafting == rows and k for rows, drafting, k in drafted_for)     # whole-batch drafts
