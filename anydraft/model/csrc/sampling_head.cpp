@@ -159,8 +159,8 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   TORCH_CHECK(!mapped || ids_t.numel() >= num_rows, "sampling_head: a noise id per head row");
   // Padded to whole blocks (the padding lanes are never candidates).
   std::vector<int32_t> counters(blocks * 16);   // noise ids are vocabulary ids: below 2^31
-  for (int64_t n = 0; n < blocks * 16; ++n)
-    counters[n] = int32_t(mapped ? ids_t.data_ptr<int64_t>()[std::min(n, num_rows - 1)] : n);
+  const int64_t* idp = mapped ? ids_t.data_ptr<int64_t>() : nullptr;   // once: data_ptr() checks on every call
+  for (int64_t n = 0; n < blocks * 16; ++n) counters[n] = int32_t(mapped ? idp[std::min(n, num_rows - 1)] : n);
   const float* xp = x.data_ptr<float>();
   const std::vector<uint16_t> xb = to_bf16(xp, M * K);   // exact: hidden is bf16
   const uint16_t* wp = bf16_ptr(weight);
