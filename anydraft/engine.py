@@ -245,10 +245,11 @@ class Engine:
         return step_requests
 
     def _drafting_rows(self, rows: list[int], sampling: SamplingBatch | None, k: int) -> list[int]:
-        """The rows the draft writes for: all, or for an adaptive probe of a greedy batch one row in turn, where the
-        proposer allows (a probe measures acceptance and costs; the whole batch's draft catching up on its text
-        made each probe cost several plain steps)."""
-        if (not k or len(rows) == 1 or sampling is not None or self.speculation is None or not self.speculation.probing
+        """The rows the draft writes for: all, or for an adaptive probe one row in turn, where the proposer allows
+        and the step verifies ids (greedy, or coupled draws: no draft probabilities to widen). A probe measures
+        acceptance and costs; the whole batch's draft catching up on its text made each cost several plain steps."""
+        coupled_or_greedy = sampling is None or sampling.keys is not None
+        if (not k or len(rows) == 1 or not coupled_or_greedy or self.speculation is None or not self.speculation.probing
                 or not getattr(self.proposer, "drafts_row_subsets", False)):
             return rows
         self._probe_turn += 1
@@ -258,9 +259,13 @@ class Engine:
         """The proposer's proposal for `drafting`, as one for all `rows`: the others propose nothing (count 0)."""
         if len(drafting) == len(rows):
             return self.proposer.propose(rows, sampling, k)
-        part = self.proposer.propose(drafting, sampling, k)                      # greedy only: no draft_probs
-        width = part.draft_target_ids.shape[1]
         index = [rows.index(r) for r in drafting]
+        if sampling is not None:   # coupled draws: the drafting rows' temperatures, streams and noise keys
+            at = torch.tensor(index, device=sampling.temperature.device)
+            sampling = replace(sampling, temperature=sampling.temperature[at], keys=sampling.keys[at],
+                               randoms=[sampling.randoms[i] for i in index])
+        part = self.proposer.propose(drafting, sampling, k)                      # ids only: no draft_probs
+        width = part.draft_target_ids.shape[1]
         draft_target_ids = torch.zeros(len(rows), width, dtype=torch.long, device=part.draft_target_ids.device)
         draft_target_ids[index] = part.draft_target_ids
         counts = [0] * len(rows)

@@ -6,6 +6,7 @@ With a TLI draft on native kernels too, draws are coupled (Engine._couple): the 
 per target id, a draft is accepted iff it equals the target's draw; the verified tokens still follow the exact law."""
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import replace
 
@@ -169,4 +170,26 @@ def test_a_draft_that_ignores_the_coupling_breaks_nothing_but_acceptance(target,
     monkeypatch.setattr(llm.proposer, "propose", propose_with_other_noise)
     tokens, accepted = _sample_three(llm, seed0=20_000)
     print(f"\n[independent draft noise] accepted per step {accepted:.2f}")
+    _assert_exact_positions(llm, target, tokens)
+
+
+def test_coupled_draws_stay_exact_when_probes_draft_for_one_row(target, tli_draft, monkeypatch):
+    """Adaptive speculation's probes draft for one row of the batch (Engine._drafting_rows): with coupled draws the
+    other rows verify nothing that step and emit the target's own draw. Every drafting step here is such a probe."""
+    llm = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64,
+              speculative_config={"model": str(tli_draft), "num_speculative_tokens": 3})
+    speculation, chooser = llm.engine.speculation, random.Random(5)
+
+    def choose(rows: int) -> int:
+        k = chooser.randint(0, 3)
+        speculation.probing = k > 0
+        return k
+    monkeypatch.setattr(speculation, "choose", choose)
+    drafting = []
+    drafting_rows = llm.engine._drafting_rows
+    monkeypatch.setattr(llm.engine, "_drafting_rows", lambda rows, sampling, k: drafting.append(
+        (len(rows), len(drafting_rows(rows, sampling, k)))) or drafting_rows(rows, sampling, k))
+    tokens, accepted = _sample_three(llm, seed0=30_000)
+    print(f"\n[one-row probes] accepted per step {accepted:.2f}")
+    assert any(rows > 1 and one == 1 for rows, one in drafting) and accepted > 0
     _assert_exact_positions(llm, target, tokens)
