@@ -15,37 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from anydraft import LLM, SamplingParams
+from anydraft.bench.interleave import step_interleaved
 from anydraft.eval import gsm8k
 from anydraft.model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from anydraft.provenance import provenance
-
-
-def interleaved(llms: dict[str, LLM], prompts: list[str], params: SamplingParams, turn: int
-                ) -> dict[str, tuple[int, float, list[list[int]]]]:
-    """Each LLM decodes `prompts` together (as its generate() does: queue them, then step until done), the LLMs
-    taking turns step by step, in an order rotating at every turn; per LLM: tokens, its own seconds, outputs."""
-    names, seconds, requests = list(llms), dict.fromkeys(llms, 0.0), {}
-    for name in names:
-        start = time.perf_counter()
-        requests[name] = [llms[name].engine.add_request(prompt, params) for prompt in prompts]
-        seconds[name] += time.perf_counter() - start
-    while any(llm.engine.has_unfinished() for llm in llms.values()):
-        shift = turn % len(names)
-        for name in names[shift:] + names[:shift]:
-            engine = llms[name].engine
-            if engine.has_unfinished():
-                start = time.perf_counter()
-                engine.step()
-                seconds[name] += time.perf_counter() - start
-        turn += 1
-    return {name: (sum(len(r.output_target_ids) for r in requests[name]), seconds[name],
-                   [list(r.output_target_ids) for r in requests[name]]) for name in names}
 
 
 def main() -> None:
@@ -75,7 +53,7 @@ def main() -> None:
               ("batch1", ["adaptive k<=5", "fixed k=3", "target alone"], 1)]
     contenders = {(setting, name): make(name, b) for setting, names, b in groups for name in names}
     for setting, names, b in groups:   # warm-up
-        interleaved({name: contenders[(setting, name)] for name in names}, prompts[:b], params, 0)
+        step_interleaved({name: (contenders[(setting, name)], prompts[:b], [params] * b) for name in names})
     rates: dict[tuple[str, str], list[float]] = {key: [] for key in contenders}
     outputs: dict[tuple[str, str], list] = {}
     # The contenders of a batch size take turns step by step (a step is milliseconds): this machine's speed
@@ -86,8 +64,9 @@ def main() -> None:
             tokens, seconds = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
             outs = {name: [] for name in names}
             for i in range(0, len(prompts), b):
-                done = interleaved({name: contenders[(setting, name)] for name in names}, prompts[i:i + b], params,
-                                   repeat + i)
+                group = prompts[i:i + b]
+                done = step_interleaved({name: (contenders[(setting, name)], group, [params] * len(group))
+                                         for name in names}, turn=repeat + i)
                 for name, (n, dt, out) in done.items():
                     tokens[name], seconds[name] = tokens[name] + n, seconds[name] + dt
                     outs[name] += out

@@ -2,10 +2,11 @@
 
 For the target alone and TLI (the shipped pair, default speculative settings: num_speculative_tokens 5,
 adaptive), at batch 1 (one prompt at a time) and batch 16 (all prompts together): tok/s greedy and at
-temperature 0.7 (each request seeded), medians of --repeats interleaved rounds after a warm-up. Each
-(contender, batch, mode) has its own LLM, so adaptive speculation learns the costs of one kind of traffic.
-The headline is sampled / greedy tok/s of the same contender and batch, a ratio from one schedule.
-A round runs every setting once, in an order rotated from round to round, so drift hits all alike.
+temperature 0.7 (each request seeded), medians of --repeats rounds after a warm-up. Each (contender, batch,
+mode) has its own LLM, so adaptive speculation learns the costs of one kind of traffic. The headline is sampled /
+greedy tok/s of the same contender and batch, a ratio from one schedule. In a round, the four LLMs of a batch size
+decode the same group of prompts (one prompt at batch 1, all 16 at batch 16) taking turns step by step
+(anydraft/bench/interleave.py), each timed over its own steps, so the machine's drift hits all alike.
 
     python bench/sampling_speed.py --out bench/results/<date>-sampling/speed.json
 """
@@ -14,27 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from anydraft import LLM, SamplingParams
+from anydraft.bench.interleave import step_interleaved
 from anydraft.eval import gsm8k
 from anydraft.metrics import SpecStats
 from anydraft.model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from anydraft.provenance import provenance
 
 MODES = {"greedy": 0.0, "sampled": 0.7}
-
-
-def timed(llm: LLM, prompts: list[str], params: list[SamplingParams], batch: int) -> tuple[float, int]:
-    """tok/s of decoding `prompts` `batch` at a time, and the tokens generated."""
-    tokens, start = 0, time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        for out in llm.generate(prompts[i:i + batch], params[i:i + batch]):
-            tokens += len(out.outputs[0].token_ids)
-    return tokens / (time.perf_counter() - start), tokens
 
 
 def main() -> None:
@@ -65,19 +57,31 @@ def main() -> None:
                                seed=None if MODES[mode] == 0 else 1000 * round_index + i)
                 for i in range(len(prompts))]
 
-    for key in plan:   # warm-up (and adaptive's first cost observations)
-        timed(llms[key], prompts[:key[1]], params(key[2], 0), key[1])
+    def run_round(round_index: int, rows: slice | None = None) -> dict[tuple, tuple[int, float]]:
+        """Every contender of a batch size decodes the same groups of prompts, taking turns step by step."""
+        done = {}
+        for batch in batch_sizes:
+            keys = [key for key in plan if key[1] == batch]
+            group_prompts = prompts[rows] if rows else prompts
+            totals = {key: (0, 0.0) for key in keys}
+            for i in range(0, len(group_prompts), batch):
+                runs = {key: (llms[key], group_prompts[i:i + batch], params(key[2], round_index)[i:i + batch])
+                        for key in keys}
+                for key, (n, seconds, _) in step_interleaved(runs, turn=round_index + i).items():
+                    totals[key] = (totals[key][0] + n, totals[key][1] + seconds)
+            done.update(totals)
+        return done
+
+    run_round(0, slice(0, max(batch_sizes)))   # warm-up (and adaptive's first cost observations)
     for llm in llms.values():
         llm.engine.stats = SpecStats(llm.engine.k)   # count only the measured rounds
     rates: dict[tuple, list[float]] = {key: [] for key in plan}
     tokens: dict[tuple, int] = {key: 0 for key in plan}
     for repeat in range(args.repeats):
-        order = plan[repeat % len(plan):] + plan[:repeat % len(plan)]
-        for key in order:
-            rate, n = timed(llms[key], prompts, params(key[2], repeat + 1), key[1])
-            rates[key].append(rate)
+        for key, (n, seconds) in run_round(repeat + 1).items():
+            rates[key].append(n / seconds)
             tokens[key] += n
-            print(f"round {repeat}: {key[0]} batch {key[1]} {key[2]}: {rate:.1f} tok/s", flush=True)
+            print(f"round {repeat}: {key[0]} batch {key[1]} {key[2]}: {n / seconds:.1f} tok/s", flush=True)
 
     result = {**provenance(llms[plan[-1]], torch_threads=args.threads),
               "command": "python bench/sampling_speed.py " + " ".join(
