@@ -97,7 +97,8 @@ def test_logits_do_not_depend_on_the_other_rows_of_the_batch():
 
 
 def test_many_rows_give_the_same_ids_with_or_without_the_screen():
-    """Past SCREENED_ROWS rows an AMX machine skips the screen (full logits are cheaper there); ids unchanged."""
+    """Past SCREENED_ROWS rows a machine with AMX bf16 but no AMX-INT8 screen takes the full logits (cheaper there
+    than a VNNI screen); with AMX-INT8 tiles the screen stays. Ids unchanged either way."""
     head = _head(6000, width=256, seed=11)
     hidden = (torch.randn(16, 256, generator=torch.Generator().manual_seed(12)) * 3).bfloat16()
     ids, fell_back = head.greedy_with_report(hidden, 5999)
