@@ -4,7 +4,8 @@
         --out bench/results/DATE-crossfamily/ranking_qwen3-target.json
 
 Greedy, bf16, batch 1, adaptive speculation (the default), vocab_mode auto with the GSM8K train corpus (the
-mode and head advise assumes). Every round decodes the first N GSM8K test questions with the target alone and
+mode and head advise assumes); `--modes tli,slem` runs each draft in both modes instead (SLEM with its head cut
+to --slem-head rows, as auto cuts it), to see whether auto picked the faster. Every round decodes the first N GSM8K test questions with the target alone and
 with each draft in turn, in one process; each configuration keeps its least wall time over the rounds (on a
 shared machine other work only adds time), so the ratios compare the configurations under the same load,
 which separate `eval --compare-target` runs cannot.
@@ -38,15 +39,26 @@ def main():
     p.add_argument("--num-questions", type=int, default=10)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--modes", default="auto",
+                   help="comma list of vocab modes to run each draft in: auto (with the GSM8K train corpus, as advise "
+                        "assumes), tli, slem (its head cut to --slem-head rows ranked on that corpus)")
+    p.add_argument("--slem-head", type=int, default=8192)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    modes = args.modes.split(",")
+    if set(modes) - {"auto", "tli", "slem"}:
+        p.error(f"--modes takes auto, tli and slem, got {args.modes}")
     data = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
     prompts = [gsm8k.build_prompt(e["question"], []) for e in gsm8k.load_split(data)[:args.num_questions]]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, stop=gsm8k.STOP_STRINGS)
     llms = {"target alone": LLM(model=args.target, max_num_seqs=1, device="cpu")}
+    options = {"auto": {"vocab_mode": "auto", "vocab_mode_corpus": str(CORPUS)}, "tli": {"vocab_mode": "tli"},
+               "slem": {"vocab_mode": "slem", "draft_vocab_size": args.slem_head, "draft_vocab_corpus": str(CORPUS)}}
     for draft in args.drafts.split(","):
-        llms[draft] = LLM(model=args.target, max_num_seqs=1, device="cpu",
-                          speculative_config={"model": draft, "vocab_mode": "auto", "vocab_mode_corpus": str(CORPUS)})
+        for mode in modes:
+            name = draft if modes == ["auto"] else f"{draft} ({mode})"
+            llms[name] = LLM(model=args.target, max_num_seqs=1, device="cpu",
+                             speculative_config={"model": draft, **options[mode]})
     best, texts, accepted = {}, {}, {}
     for _ in range(args.rounds):
         for name, llm in llms.items():
@@ -77,7 +89,7 @@ def main():
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     for name in ["target alone"] + ranking:
         r = results[name]
-        print(f"{name:>14}: {r['speedup']:.2f}x, AL {r['acceptance_length']:.2f}, {r['tokens_per_second']:.0f} tok/s, "
+        print(f"{name:>22}: {r['speedup']:.2f}x, AL {r['acceptance_length']:.2f}, {r['tokens_per_second']:.0f} tok/s, "
               f"exact {r['exact_matches']}/{len(prompts)}, mode {r['vocab_mode']}, head {r['draft_head_rows']}")
 
 
