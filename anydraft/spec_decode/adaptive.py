@@ -141,7 +141,10 @@ class AdaptiveSpeculation:
     acceptance: AcceptanceEstimate = None
     target_cost: MedianCost = field(default_factory=MedianCost)     # target forward + head, by tokens read
     draft_cost: MedianCost = field(default_factory=MedianCost)      # one draft forward + head, by rows
-    host_seconds: float = 0.0                                      # per step, outside the model forwards
+    # k -> seconds per step outside the model forwards (running mean): a drafting step's host work (verifying
+    # k + 1 positions, every row's re-sync) is not a plain step's (a backlog append), and one mean for both made
+    # drafting look cheap at large batches.
+    host_seconds: dict[int, float] = field(default_factory=dict)
     history: dict[int, int] = field(default_factory=dict)         # k -> steps that used it
     draft_forwards: Callable[[int], int] = one_forward_per_token   # F(k): the proposer's Proposer.draft_forwards
     probing: bool = False   # whether the last choice is a probe (the engine may then draft for one row only)
@@ -158,9 +161,17 @@ class AdaptiveSpeculation:
         rates = []
         for k, tokens in enumerate(self.acceptance.expected_tokens_upto(self.max_k)):
             seconds = (self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds
-                       + self.host_seconds)
+                       + self._host(k))
             rates.append(rows * tokens / seconds if seconds > 0 else float("inf"))
         return rates
+
+    def _host(self, k: int) -> float:
+        """Host seconds of a step drafting k: measured at k, else at the nearest k of the same kind (drafting or
+        not), else at the nearest k at all; 0 before any step."""
+        if k in self.host_seconds:
+            return self.host_seconds[k]
+        pool = [j for j in self.host_seconds if (j > 0) == (k > 0)] or list(self.host_seconds)
+        return self.host_seconds[min(pool, key=lambda j: (abs(j - k), j))] if pool else 0.0
 
     def choose(self, rows: int) -> int:
         if not self.draft_cost.estimates:   # the draft's cost is unknown until a step drafts: measure it first
@@ -192,4 +203,5 @@ class AdaptiveSpeculation:
         self.target_cost.observe(rows * ((k if width is None else width) + 1), target_seconds)
         if k and draft_seconds is not None:
             self.draft_cost.observe(rows if draft_rows is None else draft_rows, draft_seconds / self.draft_forwards(k))
-        self.host_seconds = 0.9 * self.host_seconds + 0.1 * host_seconds if self.host_seconds else host_seconds
+        previous = self.host_seconds.get(k)
+        self.host_seconds[k] = host_seconds if previous is None else 0.9 * previous + 0.1 * host_seconds

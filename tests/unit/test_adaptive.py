@@ -192,3 +192,17 @@ def test_a_block_drafter_costs_one_forward_whatever_k(measured_k):
     assert per_token.draft_cost.seconds(1) == pytest.approx(0.012 / measured_k)
     if measured_k == 1:
         assert per_token.choose(rows=1) == 0
+
+
+def test_a_drafting_step_pays_its_own_host_work():
+    """Plain steps cost 0.2 ms of host work, drafting ones 12 ms (every row's re-sync at a large batch): priced
+    by k, drafting loses; one mean over both (mostly plain steps) priced drafting at ~1 ms and kept drafting."""
+    spec = _calibrated(0.010, 0.0001, 0.0005, 0.00001, accept_all=False)
+    for _ in range(200):
+        spec.acceptance.observe([3] * 64, [1] * 64)      # a_1 = 0.5: each draft buys half a token per row
+    for _ in range(50):
+        spec.observe_step(64, 0, [0] * 64, None, target_seconds=0.0164, host_seconds=0.0002)
+    spec.observe_step(64, 3, [1] * 64, draft_seconds=0.0021, target_seconds=0.0356, host_seconds=0.012)
+    assert spec._host(0) == pytest.approx(0.0002) and spec._host(2) == pytest.approx(0.012)
+    rates = spec.expected_rates(64)
+    assert max(range(6), key=rates.__getitem__) == 0
