@@ -77,22 +77,9 @@ torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight) {
 // summation-error term, both rounded up.
 std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                           torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows) {
-  auto x = hidden.reshape({-1, hidden.size(-1)}).to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), groups = K / 4;
-  const int64_t blocks = (num_rows + 15) / 16;
-  TORCH_CHECK(K % 64 == 0 && q_blocks.size(1) == groups && blocks <= q_blocks.size(0), "greedy_head: bad shapes");
-  const float* xp = x.data_ptr<float>();
-  const std::vector<uint16_t> xb = to_bf16(xp, M * K);   // exact: hidden is bf16
-  const uint16_t* wp = bf16_ptr(weight);
-  const int8_t* qp = q_blocks.data_ptr<int8_t>();
-  const float* sp = row_scale.data_ptr<float>();
-  const int32_t* qs = q_sum.data_ptr<int32_t>();
-  const float* sq = slack_q.data_ptr<float>();
-  const float* sh = slack_h.data_ptr<float>();
-
-  std::vector<uint8_t> codes;
-  std::vector<Screen> screens;
-  quantize_rows(xp, M, K, codes, screens);
+  const HeadScreen h(hidden, weight, q_blocks, row_scale, q_sum, slack_q, slack_h, num_rows, "greedy_head");
+  const int64_t M = h.M, K = h.K, blocks = h.blocks;
+  const std::vector<Screen>& screens = h.screens;
 
   // Pass 1, over the head's first blocks (the probe): every row's bound is kept; the best score per activation row
   // (and thread) seeds the exact search. Then over the rest, against the probe's threshold (at most the final one,
@@ -101,10 +88,9 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
   std::vector<Best> seeds(M * threads);
   std::vector<float> threshold(M, -std::numeric_limits<float>::infinity());
   const bool screen = !(use_amx(K) && M > SCREEN_MAX_ROWS_AMX) || screen_uses_amx(M);
-  const int64_t probe = screen ? std::min(blocks, std::max<int64_t>(64, blocks / 32)) : 0;
+  const int64_t probe = screen ? h.probe_blocks() : 0;
   const int64_t probed = probe * 16;
   std::vector<float> bound(M * probed);
-  struct Candidate { int32_t row; float bound; };
   // Per thread and activation row; a row with more candidates than this takes the full logits (as a screen
   // leaving more than 1/FALLBACK_FRACTION of the head standing does).
   const int64_t max_candidates = num_rows / FALLBACK_FRACTION + 1;
@@ -116,7 +102,7 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
     const int64_t A = int64_t(active.size());
     if (A == 0 || b_begin >= b_end) return;
     std::vector<uint8_t> active_codes(A * K);
-    for (int64_t j = 0; j < A; ++j) std::memcpy(&active_codes[j * K], &codes[active[j] * K], K);
+    for (int64_t j = 0; j < A; ++j) std::memcpy(&active_codes[j * K], &h.codes[active[j] * K], K);
     at::parallel_for(b_begin, b_end, 256, [&](int64_t b0, int64_t b1) {
       const int t = at::get_thread_num();
       Best* seed = &seeds[M * t];
@@ -124,34 +110,23 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
       std::vector<__m512i> best_row(A, _mm512_set1_epi32(-1));
       const BlockScorer scorer(active_codes.data(), A, K);
       std::vector<int32_t> ints(A * 16);
-      alignas(64) float lanes[16];
       for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
         const int64_t n = b * 16;
         const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
         const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
-        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
-        const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
-        const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
-        scorer.block_scores(qp + b * groups * 64, ints.data());   // these 16 head rows x every activation row
+        const BlockBound block(h, n);
+        scorer.block_scores(h.block(b), ints.data());   // these 16 head rows x every activation row
         for (int64_t j = 0; j < A; ++j) {
           const int64_t m = active[j];
-          const Screen& s = screens[m];
-          const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints.data() + j * 16), offset);   // exact p . q_n
-          const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
-          const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
-                                               _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
-          const __m512 upper = _mm512_add_ps(score, slack);
+          __m512 score;
+          const __m512 upper = block.upper(ints.data() + j * 16, screens[m], score);
           if (keep_bounds) {
             _mm512_storeu_ps(bound.data() + m * probed + n, upper);
           } else {
-            __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
+            const __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
             if (open && !overflow[M * t + m]) {   // rare: almost every block has no row left standing
               std::vector<Candidate>& kept = candidates[M * t + m];
-              _mm512_store_ps(lanes, upper);
-              for (; open; open &= open - 1) {
-                const int i = __builtin_ctz(open);
-                kept.push_back({int32_t(n + i), lanes[i]});
-              }
+              keep_open(open, upper, n, kept);
               if (int64_t(kept.size()) > max_candidates) overflow[M * t + m] = 1;
             }
           }
@@ -178,7 +153,7 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
   auto set_threshold = [&](int64_t m) {
     for (int t = 0; t < threads; ++t) {
       const Best& s = seeds[M * t + m];
-      if (s.index >= 0) best[m].offer(exact_logit(xb.data() + m * K, wp, K, s.index), s.index);
+      if (s.index >= 0) best[m].offer(exact_logit(h.xb.data() + m * K, h.wp, K, s.index), s.index);
     }
     const float v = best[m].value;
     threshold[m] = screens[m].usable ? v - std::fabs(v) * (1.f / 64.f) - float(K) * std::numeric_limits<float>::min()
@@ -186,9 +161,7 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
   };
   auto probe_survivors = [&](int64_t m) {   // probed rows whose bound reaches the threshold
     std::vector<int64_t> rows;
-    const float* b = bound.data() + m * probed;
-    for (int64_t n = 0; n < std::min(probed, num_rows); ++n)
-      if (!(b[n] < threshold[m])) rows.push_back(n);
+    append_standing(bound.data() + m * probed, std::min(probed, num_rows), threshold[m], rows);
     return rows;
   };
 
@@ -211,8 +184,7 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
     survivors[m] = probe_survivors(m);
     for (int t = 0; t < threads; ++t) {
       is_full[m] |= overflow[M * t + m];
-      for (const Candidate& c : candidates[M * t + m])
-        if (!(c.bound < threshold[m])) survivors[m].push_back(c.row);
+      append_standing(candidates[M * t + m], threshold[m], survivors[m]);
     }
     if (int64_t(survivors[m].size()) * FALLBACK_FRACTION > num_rows) is_full[m] = 1;
   }
@@ -224,8 +196,8 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
   if (!full_rows.empty()) {
     const int64_t F = int64_t(full_rows.size());
     std::vector<float> xf(F * K), logits(F * num_rows);
-    for (int64_t f = 0; f < F; ++f) std::memcpy(&xf[f * K], xp + full_rows[f] * K, K * sizeof(float));
-    linear(xf.data(), F, K, wp, nullptr, num_rows, logits.data());
+    for (int64_t f = 0; f < F; ++f) std::memcpy(&xf[f * K], h.xp + full_rows[f] * K, K * sizeof(float));
+    linear(xf.data(), F, K, h.wp, nullptr, num_rows, logits.data());
     for (int64_t f = 0; f < F; ++f) {
       Best top;
       for (int64_t n = 0; n < num_rows; ++n) top.offer(logits[f * num_rows + n], n);
@@ -238,7 +210,7 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
     for (int64_t m = m0; m < m1; ++m) {
       if (is_full[m] || survivors[m].empty()) continue;
       std::vector<float> exact(survivors[m].size());
-      exact_dots(xb.data() + m * K, K, wp, survivors[m].data(), int64_t(survivors[m].size()), exact.data());
+      exact_dots(h.xb.data() + m * K, K, h.wp, survivors[m].data(), int64_t(survivors[m].size()), exact.data());
       for (size_t i = 0; i < survivors[m].size(); ++i) best[m].offer(exact[i], survivors[m][i]);
     }
   });

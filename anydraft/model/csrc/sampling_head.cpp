@@ -143,11 +143,9 @@ struct BestDouble {  // running argmax: the larger value, the lower index on tie
 torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                             torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows,
                             torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids) {
-  auto x = hidden.reshape({-1, hidden.size(-1)}).to(at::kFloat).contiguous();
-  const int64_t M = x.size(0), K = x.size(1), groups = K / 4;
-  const int64_t blocks = (num_rows + 15) / 16;
-  TORCH_CHECK(K % 64 == 0 && q_blocks.size(1) == groups && blocks <= q_blocks.size(0) && num_rows > 0,
-              "sampling_head: bad shapes");
+  TORCH_CHECK(num_rows > 0, "sampling_head: bad shapes");
+  const HeadScreen h(hidden, weight, q_blocks, row_scale, q_sum, slack_q, slack_h, num_rows, "sampling_head");
+  const int64_t M = h.M, K = h.K, blocks = h.blocks;
   auto inv_t = inv_temperature.to(at::kDouble).contiguous();
   auto key_t = keys.to(at::kLong).contiguous();
   TORCH_CHECK(inv_t.numel() == M && key_t.numel() == M, "sampling_head: one temperature and one key per row");
@@ -161,27 +159,15 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   std::vector<int32_t> counters(blocks * 16);   // noise ids are vocabulary ids: below 2^31
   const int64_t* idp = mapped ? ids_t.data_ptr<int64_t>() : nullptr;   // once: data_ptr() checks on every call
   for (int64_t n = 0; n < blocks * 16; ++n) counters[n] = int32_t(mapped ? idp[std::min(n, num_rows - 1)] : n);
-  const float* xp = x.data_ptr<float>();
-  const std::vector<uint16_t> xb = to_bf16(xp, M * K);   // exact: hidden is bf16
-  const uint16_t* wp = bf16_ptr(weight);
-  const int8_t* qp = q_blocks.data_ptr<int8_t>();
-  const float* sp = row_scale.data_ptr<float>();
-  const int32_t* qs = q_sum.data_ptr<int32_t>();
-  const float* sq = slack_q.data_ptr<float>();
-  const float* sh = slack_h.data_ptr<float>();
-  std::vector<uint8_t> codes;
-  std::vector<Screen> screens;
-  quantize_rows(xp, M, K, codes, screens);
 
   // Pass 1, over the head's first blocks (the probe): every row's upper bound on its perturbed value (+inf for a
   // row without a usable screen) is kept, and per thread and lane the row with the highest bound seeds the exact
   // search. Then over the rest, against the probe's threshold (at most the final one): only rows whose bound
   // reaches it are kept, as candidates (a full bound array was M x the head's rows of floats written and read).
   const int threads = at::get_num_threads();
-  const int64_t probe = std::min(blocks, std::max<int64_t>(64, blocks / 32));
+  const int64_t probe = h.probe_blocks();
   const int64_t probed = probe * 16;
   std::vector<float> bound(M * probed);
-  struct Candidate { int32_t row; float bound; };
   std::vector<std::vector<Candidate>> candidates(M * threads);
   std::vector<int64_t> seeds(M * threads * 16, -1);
   std::vector<float> threshold(M, -std::numeric_limits<float>::infinity());
@@ -197,26 +183,19 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
       int64_t* seed = &seeds[M * 16 * t];
       std::vector<__m512> best_bound(M, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
       std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
-      const BlockScorer scorer(codes.data(), M, K);
+      const BlockScorer scorer(h.codes.data(), M, K);
       std::vector<int32_t> ints(M * 16);
-      alignas(64) float lanes[16];
       for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
         const int64_t n = b * 16;
         const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
         const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
-        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(qs + n), 7);   // the codes' +128, taken out
-        const __m512 row_scale_v = _mm512_loadu_ps(sp + n);
-        const __m512 slack_q_v = _mm512_loadu_ps(sq + n), slack_h_v = _mm512_loadu_ps(sh + n);
-        scorer.block_scores(qp + b * groups * 64, ints.data());   // these 16 head rows x every activation row
+        const BlockBound block(h, n);
+        scorer.block_scores(h.block(b), ints.data());   // these 16 head rows x every activation row
         for (int64_t m = 0; m < M; ++m) {
-          const Screen& s = screens[m];
           __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
-          if (s.usable) {
-            const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints.data() + m * 16), offset);   // exact p . q_n
-            const __m512 score = _mm512_mul_ps(_mm512_mul_ps(row_scale_v, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
-            const __m512 slack = _mm512_fmadd_ps(slack_q_v, _mm512_set1_ps(s.e_norm),
-                                                 _mm512_mul_ps(slack_h_v, _mm512_set1_ps(s.h_norm)));
-            const __m512 logit = _mm512_add_ps(score, slack);   // >= the fp32 dot product
+          if (h.screens[m].usable) {
+            __m512 score;
+            const __m512 logit = block.upper(ints.data() + m * 16, h.screens[m], score);   // >= the fp32 dot
             const __m512 rounded = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
             // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
             const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
@@ -236,14 +215,8 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
           if (keep_bounds) {
             _mm512_storeu_ps(bound.data() + m * probed + n, upper);
           } else {
-            __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
-            if (open) {   // rare: almost every block has no row left standing
-              _mm512_store_ps(lanes, upper);
-              for (; open; open &= open - 1) {
-                const int i = __builtin_ctz(open);
-                candidates[M * t + m].push_back({int32_t(n + i), lanes[i]});
-              }
-            }
+            const __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
+            if (open) keep_open(open, upper, n, candidates[M * t + m]);   // rare: most blocks leave no row standing
           }
           const __mmask16 better = _mm512_mask_cmp_ps_mask(valid, upper, best_bound[m], _CMP_GT_OQ);
           best_bound[m] = _mm512_mask_blend_ps(better, best_bound[m], upper);
@@ -274,7 +247,7 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
         for (int l = 0; l < 16; ++l)
           if (seeds[(M * t + m) * 16 + l] >= 0) rows.push_back(seeds[(M * t + m) * 16 + l]);
       std::vector<float> logits(rows.size());
-      exact_dots(xb.data() + m * K, K, wp, rows.data(), int64_t(rows.size()), logits.data());
+      exact_dots(h.xb.data() + m * K, K, h.wp, rows.data(), int64_t(rows.size()), logits.data());
       perturbed(m, logits.data(), rows.data(), int64_t(rows.size()), best[m]);
       const double v = best[m].value;
       threshold[m] = std::isfinite(v) ? std::nextafter(float(v), -std::numeric_limits<float>::infinity())
@@ -291,14 +264,10 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       std::vector<int64_t> survivors;
-      const float* b = bound.data() + m * probed;
-      for (int64_t n = 0; n < std::min(probed, num_rows); ++n)
-        if (!(b[n] < threshold[m])) survivors.push_back(n);
-      for (int t = 0; t < threads; ++t)
-        for (const Candidate& c : candidates[M * t + m])
-          if (!(c.bound < threshold[m])) survivors.push_back(c.row);
+      append_standing(bound.data() + m * probed, std::min(probed, num_rows), threshold[m], survivors);
+      for (int t = 0; t < threads; ++t) append_standing(candidates[M * t + m], threshold[m], survivors);
       std::vector<float> exact(survivors.size());
-      exact_dots(xb.data() + m * K, K, wp, survivors.data(), int64_t(survivors.size()), exact.data());
+      exact_dots(h.xb.data() + m * K, K, h.wp, survivors.data(), int64_t(survivors.size()), exact.data());
       perturbed(m, exact.data(), survivors.data(), int64_t(survivors.size()), best[m]);
     }
   });

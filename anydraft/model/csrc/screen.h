@@ -105,6 +105,8 @@ class BlockScorer {
 
  private:
 #if ANYDRAFT_AMX_INT8
+  // Two copies of one loop: the full groups' tiles (0, 1) and the last, partial group's (3, 4, configured with its
+  // rows). Tile ids must be literals: GCC's intrinsics paste them into the assembly, so no template can share it.
   void amx_scores(const int8_t* block, int32_t* out) const {
     int64_t a0 = 0;
     for (; a0 + 16 <= A_; a0 += 16) {
@@ -162,6 +164,88 @@ inline void quantize_rows(const float* xp, int64_t M, int64_t K, std::vector<uin
     // x1.001: these norms multiply the per-row slacks, so they must not come out low.
     screens[m] = {finite, scale, float(std::sqrt(h_norm2) * 1.001), float(std::sqrt(e_norm2) * 1.001)};
   }
+}
+
+// The inputs both heads screen from: the activations (fp32 holding bf16 values, and as bf16), the bf16 head, its
+// int8 copy as greedy_head.cpp describes (q_blocks, per-row scale, code sums, slacks), and the activations' codes.
+struct HeadScreen {
+  torch::Tensor x;   // [M, K] float; xp points into it
+  int64_t M, K, groups, blocks, num_rows;
+  const float* xp;
+  std::vector<uint16_t> xb;   // exact: hidden is bf16
+  const uint16_t* wp;
+  const int8_t* qp;
+  const float *sp, *sq, *sh;
+  const int32_t* qs;
+  std::vector<uint8_t> codes;
+  std::vector<Screen> screens;
+
+  HeadScreen(const torch::Tensor& hidden, const torch::Tensor& weight, const torch::Tensor& q_blocks,
+             const torch::Tensor& row_scale, const torch::Tensor& q_sum, const torch::Tensor& slack_q,
+             const torch::Tensor& slack_h, int64_t rows, const char* name)
+      : x(hidden.reshape({-1, hidden.size(-1)}).to(at::kFloat).contiguous()), M(x.size(0)), K(x.size(1)),
+        groups(K / 4), blocks((rows + 15) / 16), num_rows(rows) {
+    TORCH_CHECK(K % 64 == 0 && q_blocks.size(1) == groups && blocks <= q_blocks.size(0), name, ": bad shapes");
+    xp = x.data_ptr<float>();
+    xb = to_bf16(xp, M * K);
+    wp = bf16_ptr(weight);
+    qp = q_blocks.data_ptr<int8_t>();
+    sp = row_scale.data_ptr<float>();
+    qs = q_sum.data_ptr<int32_t>();
+    sq = slack_q.data_ptr<float>();
+    sh = slack_h.data_ptr<float>();
+    quantize_rows(xp, M, K, codes, screens);
+  }
+
+  const int8_t* block(int64_t b) const { return qp + b * groups * 64; }
+
+  // The head's first blocks, whose bounds are kept for every activation row (the probe): at least 64 blocks or
+  // 1/32 of the head. Past them a row is kept only where its bound reaches the probe's threshold (a candidate).
+  int64_t probe_blocks() const { return std::min(blocks, std::max<int64_t>(64, blocks / 32)); }
+};
+
+// One block's 16 head rows, from row n: an activation row's exact int8 scores -> upper bounds on its logits.
+struct BlockBound {
+  __m512i offset;   // the codes' +128, taken out
+  __m512 row_scale, slack_q, slack_h;
+
+  BlockBound(const HeadScreen& h, int64_t n)
+      : offset(_mm512_slli_epi32(_mm512_loadu_si512(h.qs + n), 7)), row_scale(_mm512_loadu_ps(h.sp + n)),
+        slack_q(_mm512_loadu_ps(h.sq + n)), slack_h(_mm512_loadu_ps(h.sh + n)) {}
+
+  // score: each logit's int8 estimate; returned: score plus what the two quantizations can hide (>= the fp32 dot)
+  __m512 upper(const int32_t* ints, const Screen& s, __m512& score) const {
+    const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints), offset);   // exact integer p . q_n per lane
+    score = _mm512_mul_ps(_mm512_mul_ps(row_scale, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
+    const __m512 slack = _mm512_fmadd_ps(slack_q, _mm512_set1_ps(s.e_norm), _mm512_mul_ps(slack_h, _mm512_set1_ps(s.h_norm)));
+    return _mm512_add_ps(score, slack);
+  }
+};
+
+struct Candidate {   // a head row past the probe whose bound reached the probe's threshold
+  int32_t row;
+  float bound;
+};
+
+// The open lanes of a block (head rows n + lane) with their bounds.
+inline void keep_open(__mmask16 open, __m512 upper, int64_t n, std::vector<Candidate>& kept) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, upper);
+  for (; open; open &= open - 1) {
+    const int i = __builtin_ctz(open);
+    kept.push_back({int32_t(n + i), lanes[i]});
+  }
+}
+
+// Head rows still standing at `threshold`: among the probed rows [0, count) (their bounds), or among candidates.
+inline void append_standing(const float* bounds, int64_t count, float threshold, std::vector<int64_t>& rows) {
+  for (int64_t n = 0; n < count; ++n)
+    if (!(bounds[n] < threshold)) rows.push_back(n);
+}
+
+inline void append_standing(const std::vector<Candidate>& kept, float threshold, std::vector<int64_t>& rows) {
+  for (const Candidate& c : kept)
+    if (!(c.bound < threshold)) rows.push_back(c.row);
 }
 
 }  // namespace anydraft_native
