@@ -78,7 +78,9 @@ class Attention(nn.Module):
         self.qk_norm_weight: torch.Tensor | None = None
 
     def fuse_projections(self) -> None:
-        """One matmul for q, k and v instead of three (fewer calls per layer; HF names stay loadable)."""
+        """One matmul for q, k and v instead of three (fewer calls per layer; HF names stay loadable). Idempotent."""
+        if self.qkv_proj is not None:
+            return
         self.qkv_proj = _concat_linears([self.q_proj, self.k_proj, self.v_proj])
         self.q_proj = self.k_proj = self.v_proj = None
         if self.q_norm is not None:
@@ -130,6 +132,8 @@ class MLP(nn.Module):
         self.gate_up_proj: nn.Linear | None = None   # set by fuse_projections (inference)
 
     def fuse_projections(self) -> None:
+        if self.gate_up_proj is not None:
+            return
         self.gate_up_proj = _concat_linears([self.gate_proj, self.up_proj])
         self.gate_proj = self.up_proj = None
 

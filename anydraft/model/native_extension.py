@@ -23,6 +23,7 @@ import torch
 
 from ..atomic_file import write_bytes_atomically
 from .config import ModelConfig
+from .packed_linear import TileLinear
 
 SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp", "sampling_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
@@ -168,8 +169,9 @@ def why_not_native(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -
 
 
 class NativeDecoder:
-    """A model's decoder body as one native call. Holds the model's bf16 weights (shared, not copied, where
-    they are already contiguous). Raises ValueError for a layout it cannot run."""
+    """A model's decoder body as one native call. Holds the model's bf16 weights: where AMX tiles run a weight's
+    width it packs the weight into their layout once and the model keeps only that copy (a TileLinear: faster
+    prefill, same values); other weights are shared, not copied. Raises ValueError for a layout it cannot run."""
 
     def __init__(self, model) -> None:
         cfg = model.cfg
@@ -178,22 +180,47 @@ class NativeDecoder:
         empty = torch.empty(0, dtype=torch.bfloat16)
         tensors: list[torch.Tensor] = []
         for layer in model.model.layers:
-            attn = layer.self_attn
-            if attn.qkv_proj is None or not hasattr(layer.mlp, "fused_weights"):
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.qkv_proj is None or not hasattr(mlp, "fused_weights"):
                 raise ValueError(f"layer {attn.layer_idx} is not in the fused inference layout "
                                  f"(call model.fuse_projections(); MLPs must offer fused_weights())")
-            gate_up, down = layer.mlp.fused_weights()
-            if gate_up.shape[0] % (2 * WIDTH):
-                raise ValueError(f"layer {attn.layer_idx}: MLP rows {gate_up.shape[0] // 2} not a multiple of {WIDTH}")
+            gate_up, down = self._mlp_weights(mlp)
+            intermediate = down.shape[1] * (2 if down.dim() == 4 else 1)
+            if intermediate % WIDTH:
+                raise ValueError(f"layer {attn.layer_idx}: MLP rows {intermediate} not a multiple of {WIDTH}")
             qkv_bias = attn.qkv_proj.bias
-            tensors += [layer.input_layernorm.weight, attn.qkv_proj.weight,
+            tensors += [layer.input_layernorm.weight, self._body_weight(attn, "qkv_proj"),
                         empty if qkv_bias is None else qkv_bias,
                         empty if attn.qk_norm_weight is None else attn.qk_norm_weight,
-                        attn.o_proj.weight, layer.post_attention_layernorm.weight, gate_up, down]
+                        self._body_weight(attn, "o_proj"), layer.post_attention_layernorm.weight,
+                        self._body_weight(mlp, "gate_up_proj", gate_up), self._body_weight(mlp, "down_proj", down)]
         self.layer_tensors = [t.detach().contiguous() for t in tensors]
         self.final_norm = model.model.norm.weight.detach().contiguous()
         self.embed = model.model.embed_tokens.weight.detach().contiguous()
         self.inv_freq = model._inv_freq.float().contiguous()
+
+    @staticmethod
+    def _mlp_weights(mlp) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2I, H], down [H, I]), or their packed forms where an earlier NativeDecoder packed them."""
+        held = [getattr(mlp, name, None) for name in ("gate_up_proj", "down_proj")]
+        if all(isinstance(linear, TileLinear) for linear in held):
+            return held[0].packed, held[1].packed
+        return mlp.fused_weights()
+
+    def _body_weight(self, owner: torch.nn.Module, name: str, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight the body reads (`weight`, default: module `name` of `owner`'s): packed for AMX tiles where
+        they run its width, else itself. A module holding that weight becomes a TileLinear holding only the
+        packed copy (a second NativeDecoder on the model then reads that)."""
+        linear = getattr(owner, name, None)
+        if isinstance(linear, TileLinear):
+            return linear.packed
+        weight = linear.weight if weight is None else weight
+        packed = self.extension.pack_body_weight(weight.detach())
+        if packed is None:
+            return weight
+        if isinstance(linear, torch.nn.Linear) and linear.weight is weight:
+            setattr(owner, name, TileLinear(packed, linear.bias, linear.out_features))
+        return packed
 
     can_capture = True   # returns the residual stream at chosen layers too (ModelRunner.hand_hidden_states_to)
 

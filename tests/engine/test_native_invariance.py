@@ -81,6 +81,49 @@ def test_prefill_sized_batches_give_each_row_its_alone_value():
     assert torch.equal(together, alone)
 
 
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (weights are packed for AMX tiles only)")
+@pytest.mark.parametrize("cols, rows", [(1024, 4096), (2048, 12288), (6144, 2048), (1024, 1040)])
+def test_body_weights_packed_for_tiles_give_the_row_major_values_in_any_batch(cols, rows):
+    """The body's linear layers read weights packed for AMX tiles (tile_gemm.h): every output equals the row-major
+    kernel's (head_logits) for that row alone, in batches of any size (600: past the 256 rows a thread keeps in
+    cache at once; 1040: a weight-row tail past the last 32) and with 1 or 2 threads."""
+    extension = load_extension()
+    weight = _weight(rows, cols, seed=rows * 3 + cols)
+    packed = extension.pack_body_weight(weight)
+    assert packed is not None and packed.shape == ((rows + 31) // 32 * 2, cols // 2, 16, 2)
+    x = torch.randn(600, cols, generator=torch.Generator().manual_seed(cols + 1)).bfloat16()
+    picks = torch.randperm(600, generator=torch.Generator().manual_seed(2))[:12]
+    with threads(1):
+        alone = torch.cat([extension.head_logits(x[i:i + 1], weight) for i in picks])
+        assert torch.equal(torch.cat([extension.body_linear(x[i:i + 1], packed, rows) for i in picks]), alone)
+    for count in (1, 2):
+        with threads(count):
+            assert torch.equal(extension.body_linear(x, packed, rows)[picks], alone), count
+            for size in (3, 17, 40):
+                assert torch.equal(extension.body_linear(x[picks[:size]], packed, rows), alone[:size]), (count, size)
+    assert extension.pack_body_weight(_weight(64, 48, seed=1)) is None   # width 48: no AMX, the weight stays as is
+
+
+@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (weights are packed for AMX tiles only)")
+def test_the_model_keeps_one_copy_of_a_packed_weight_and_its_pytorch_path_still_runs():
+    """Where the native body packs a layer's weights, the model's modules hold only the packed copy (no second
+    3.4 GB for a 1.7B model); the PyTorch forward (references) unpacks them to the very weights it had."""
+    model = _layer_model(*SIZES["0.6B"], seed=5)
+    model.fuse_projections()
+    dense = {name: p.detach().clone() for name, p in model.named_parameters() if p.dim() == 2}
+    ids = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        before = model(ids)
+    runner = ModelRunner(model, max_batch=1, max_len=16)
+    layer = runner.model.model.layers[0]
+    assert [type(m).__name__ for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                                       layer.mlp.down_proj)] == ["TileLinear"] * 4
+    assert torch.equal(layer.mlp.down_proj.weight, dense["model.layers.0.mlp.down_proj.weight"])
+    assert torch.equal(layer.self_attn.qkv_proj.weight, dense["model.layers.0.self_attn.qkv_proj.weight"])
+    with torch.inference_mode():
+        assert torch.equal(runner.model(ids), before)
+
+
 @pytest.mark.parametrize("setting, path", [
     pytest.param("1", "amx", marks=pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX")),
     ("0", "avx512")])

@@ -10,6 +10,8 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
                               std::vector<int64_t> slots, std::vector<int64_t> positions, torch::Tensor inv_freq,
                               int64_t Hq, int64_t Hkv, int64_t D, double eps_d, torch::Tensor captured,
                               std::vector<int64_t> capture_layers);
+torch::Tensor pack_body_weight(torch::Tensor weight);
+torch::Tensor body_linear_op(torch::Tensor x, torch::Tensor weight, int64_t N);
 torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight);
 std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                           torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows);
@@ -27,6 +29,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("screen_path", [](int64_t rows) { return screen_uses_amx_tiles(rows) ? "amx" : "vnni"; },
         "which instructions score the int8 head screen for this many activation rows in this process");
   m.def("decoder_forward", &decoder_forward, "Llama-family decoder body, bf16, batch-invariant");
+  m.def("pack_body_weight", &pack_body_weight, "a body weight packed for AMX tiles, or None where they do not run");
+  m.def("body_linear", &body_linear_op, "x @ weight^T in bf16 as the decoder body computes it (weight row-major or packed)");
   m.def("head_logits", &head_logits, "bf16 logits of an output head, batch-invariant");
   m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");
   m.def("sampling_head", &sampling_head, "exact Gumbel-max draw from softmax(head_logits / T), screened likewise");

@@ -2,7 +2,7 @@
 //
 // Why: at the sizes of draft models (and of the shipped models) a PyTorch forward is ~50 framework calls
 // per layer, each costing more than its arithmetic; at real sizes (hidden 1024+) the layers are a read of the
-// weights, which linear() (kernels.h) does once for all rows of the forward.
+// weights, which linear() (linear.h) and linear_tiles() (tile_gemm.h) read once for all rows of the forward.
 // Every output row is computed the same way whatever the number of rows, its place among them, or the threads
 // (each output in one fixed summation order; threads split outputs, never sums), so a k+1-token verification,
 // a 1-token decode and a prefill give bit-identical rows: greedy speculative decoding in bf16 equals the target
@@ -13,10 +13,12 @@
 #include <immintrin.h>
 
 #include "linear.h"
+#include "tile_gemm.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 using namespace anydraft_native;
@@ -29,36 +31,67 @@ inline float sum_lanes(const float* x, int64_t n) {  // fixed order: 16 lanes, t
   return _mm512_reduce_add_ps(acc);
 }
 
+// fn(r0, r1) over rows [0, rows) of `width` values each, split over threads once there is enough work (a decode
+// step's few rows run inline). Rows are independent, so the split changes no value.
+template <typename F>
+void for_rows(int64_t rows, int64_t width, const F& fn) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)), fn);
+}
+
+// Uninitialised fp32 scratch (every element is written before it is read), allocated once per forward.
+using Scratch = std::unique_ptr<float[]>;
+inline Scratch scratch(int64_t n) { return Scratch(new float[std::max<int64_t>(n, 1)]); }
+
 // rows of x [rows, n] (bf16 values in fp32) -> weight * bf16(x * rsqrt(mean(x^2) + eps)), HF's RMSNorm.
 // weight rows: one weight vector per row, cycling (Qwen3's q/k norm: one vector per stacked head).
 void rms_norm(const float* x, int64_t rows, int64_t n, const uint16_t* weight, int64_t weight_rows, float eps,
               float* out) {
-  std::vector<float> squares(n);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * n;
-    for (int64_t k = 0; k < n; ++k) squares[k] = xr[k] * xr[k];
-    const float inv = 1.f / std::sqrt(sum_lanes(squares.data(), n) / float(n) + eps);
-    const uint16_t* w = weight + (r % weight_rows) * n;
-    for (int64_t k = 0; k < n; ++k) out[r * n + k] = round_bf16(bf16_to_float(w[k]) * round_bf16(xr[k] * inv));
-  }
+  for_rows(rows, n, [&](int64_t r0, int64_t r1) {
+    std::vector<float> squares(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * n;
+      for (int64_t k = 0; k < n; ++k) squares[k] = xr[k] * xr[k];
+      const float inv = 1.f / std::sqrt(sum_lanes(squares.data(), n) / float(n) + eps);
+      const uint16_t* w = weight + (r % weight_rows) * n;
+      for (int64_t k = 0; k < n; ++k) out[r * n + k] = round_bf16(bf16_to_float(w[k]) * round_bf16(xr[k] * inv));
+    }
+  });
 }
 
 // x [M, heads, D] rotated in place: bf16(bf16(x*cos) + bf16(swap(x)*signed_sin)), cos/sin [M, D].
 void rope(float* x, int64_t M, int64_t heads, int64_t D, const uint16_t* cos, const uint16_t* sin) {
   const int64_t half = D / 2;
-  std::vector<float> rotated(D);
-  for (int64_t m = 0; m < M; ++m) {
-    const uint16_t* c = cos + m * D;
-    const uint16_t* s = sin + m * D;
-    for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + (m * heads + h) * D;
-      for (int64_t d = 0; d < D; ++d) {
-        const float swapped = v[d < half ? d + half : d - half];
-        rotated[d] = round_bf16(round_bf16(v[d] * bf16_to_float(c[d])) + round_bf16(swapped * bf16_to_float(s[d])));
+  for_rows(M, heads * D, [&](int64_t m0, int64_t m1) {
+    std::vector<float> rotated(D);
+    for (int64_t m = m0; m < m1; ++m) {
+      const uint16_t* c = cos + m * D;
+      const uint16_t* s = sin + m * D;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* v = x + (m * heads + h) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          const float swapped = v[d < half ? d + half : d - half];
+          rotated[d] = round_bf16(round_bf16(v[d] * bf16_to_float(c[d])) + round_bf16(swapped * bf16_to_float(s[d])));
+        }
+        std::memcpy(v, rotated.data(), D * sizeof(float));
       }
-      std::memcpy(v, rotated.data(), D * sizeof(float));
     }
-  }
+  });
+}
+
+// A body weight is [N, K] row-major (linear.h) or, where AMX runs width K, packed for the tiles
+// [ceil(N/32) * 2, K/2, 16, 2] (tile_gemm.h, NativeDecoder packs it at load): the same values either way.
+int64_t in_features(const torch::Tensor& w) { return w.dim() == 4 ? w.size(1) * 2 : w.size(1); }
+
+void body_linear(const float* x, int64_t M, int64_t K, const torch::Tensor& w, const uint16_t* bias, int64_t N,
+                 float* y) {
+  TORCH_CHECK(in_features(w) == K, "weight of ", in_features(w), " columns for inputs of ", K);
+  if (w.dim() == 2) return linear(x, M, K, bf16_ptr(w), bias, N, y);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  TORCH_CHECK(use_amx(K), "a weight packed for AMX tiles where AMX does not run width ", K);
+  linear_tiles(x, M, K, bf16_ptr(w), bias, N, y);
+#else
+  TORCH_CHECK(false, "a weight packed for AMX tiles in a build without AMX");
+#endif
 }
 
 struct Window {  // where a forward's rows live in the cache
@@ -74,15 +107,15 @@ void attend(const float* q, const float* k, const float* v, int64_t Hq, int64_t 
   const int64_t row_stride = k_cache.stride(0), pos_stride = k_cache.stride(1);
   uint16_t* kc = bf16_ptr_mut(k_cache);
   uint16_t* vc = bf16_ptr_mut(v_cache);
-  for (int64_t b = 0; b < win.B; ++b)
-    for (int64_t s = 0; s < win.S; ++s) {
-      const int64_t m = b * win.S + s;
-      const int64_t at = win.slots[b] * row_stride + win.positions[m] * pos_stride;
+  for_rows(win.B * win.S, 2 * Hkv * D, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const int64_t at = win.slots[m / win.S] * row_stride + win.positions[m] * pos_stride;
       for (int64_t i = 0; i < Hkv * D; ++i) {
         kc[at + i] = float_to_bf16(k[m * Hkv * D + i]);
         vc[at + i] = float_to_bf16(v[m * Hkv * D + i]);
       }
     }
+  });
   const int64_t group = Hq / Hkv;
   at::parallel_for(0, win.B * win.S * Hq, 4, [&](int64_t i0, int64_t i1) {
     std::vector<float> probs;
@@ -119,9 +152,34 @@ void attend(const float* q, const float* k, const float* v, int64_t Hq, int64_t 
 
 }  // namespace
 
+// weight [N, K] bf16 -> [ceil(N/32) * 2, K/2, 16, 2] for linear_tiles where AMX runs width K; else undefined.
+torch::Tensor pack_body_weight(torch::Tensor weight) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "pack_body_weight: a 2-D bf16 weight expected");
+  const int64_t N = weight.size(0), K = weight.size(1);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (use_amx(K)) {
+    auto w = weight.contiguous();
+    auto packed = torch::empty({(N + 31) / 32 * 2, K / 2, 16, 2}, weight.options());
+    pack_weight_tiles(bf16_ptr(w), N, K, bf16_ptr_mut(packed));
+    return packed;
+  }
+#endif
+  return torch::Tensor();
+}
+
+// x [M, K] bf16 @ a body weight (row-major or packed) -> [M, N] bf16: one of the body's linear layers alone.
+torch::Tensor body_linear_op(torch::Tensor x, torch::Tensor weight, int64_t N) {
+  auto xf = x.to(at::kFloat).contiguous();
+  const int64_t M = xf.size(0), K = xf.size(1);
+  std::vector<float> y(M * N);
+  body_linear(xf.data_ptr<float>(), M, K, weight.contiguous(), nullptr, N, y.data());
+  return torch::from_blob(y.data(), {M, N}, at::kFloat).to(at::kBFloat16);
+}
+
 // input_ids [B, S] -> last hidden states after the final norm, [B, S, H] bf16.
 // layers: per layer 8 tensors: input_norm [H], qkv_weight [(Hq+2Hkv)*D, H], qkv_bias or empty,
-//   qk_norm [Hq+Hkv, D] or empty, o_weight [H, Hq*D], post_norm [H], gate_up_weight [2I, H], down_weight [H, I].
+//   qk_norm [Hq+Hkv, D] or empty, o_weight [H, Hq*D], post_norm [H], gate_up_weight [2I, H], down_weight [H, I]
+//   (each weight row-major or packed for AMX tiles, see body_linear).
 // k_cache / v_cache: [L, B_max, L_max+1, Hkv, D] bf16, written at (slots[b], positions[b*S + s]); a new token's
 // position is also its rotary position, and key j is visible to it iff j <= its position.
 // inv_freq: [D/2] float32 rotary inverse frequencies.
@@ -144,21 +202,35 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
   // cos and sign-folded sin per token, rounded to bf16 as the PyTorch path stores them (llama.CausalLM.rope)
   std::vector<uint16_t> cos(M * D), sin(M * D);
   const float* freq = inv_freq.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t d = 0; d < D; ++d) {
-      const float angle = float(positions[m]) * freq[d % (D / 2)];
-      cos[m * D + d] = float_to_bf16(std::cos(angle));
-      sin[m * D + d] = float_to_bf16(d < D / 2 ? -std::sin(angle) : std::sin(angle));
-    }
+  for_rows(M, 8 * D, [&](int64_t m0, int64_t m1) {   // a cos and a sin cost about 8 plain operations
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t d = 0; d < D; ++d) {
+        const float angle = float(positions[m]) * freq[d % (D / 2)];
+        cos[m * D + d] = float_to_bf16(std::cos(angle));
+        sin[m * D + d] = float_to_bf16(d < D / 2 ? -std::sin(angle) : std::sin(angle));
+      }
+  });
 
-  std::vector<float> x(M * H), normed(M * H), qkv(M * qkv_width), q(M * Hq * D), k(M * Hkv * D), v(M * Hkv * D);
-  std::vector<float> attn(M * Hq * D), proj(M * H);
+  int64_t I_max = 0;
+  for (int64_t l = 0; l < L; ++l) I_max = std::max(I_max, in_features(layers[l * 8 + 7]));
+  const int64_t QK = (Hq + Hkv) * D;   // q and k heads, stacked for their norm and rotation
+  Scratch x = scratch(M * H), normed = scratch(M * H), qkv = scratch(M * qkv_width), qk = scratch(M * QK),
+          qk_normed = scratch(M * QK), q = scratch(M * Hq * D), k = scratch(M * Hkv * D), v = scratch(M * Hkv * D),
+          attn = scratch(M * Hq * D), proj = scratch(M * H), gate_up = scratch(M * 2 * I_max), act = scratch(M * I_max);
   const uint16_t* table = bf16_ptr(embed);
   const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m) {
+  for (int64_t m = 0; m < M; ++m)
     TORCH_CHECK(id[m] >= 0 && id[m] < embed.size(0), "token id ", id[m], " outside the embedding's ", embed.size(0), " rows");
-    for (int64_t i = 0; i < H; ++i) x[m * H + i] = bf16_to_float(table[id[m] * H + i]);
-  }
+  for_rows(M, H, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t i = 0; i < H; ++i) x[m * H + i] = bf16_to_float(table[id[m] * H + i]);
+  });
+  // x += proj, rounded to bf16 as PyTorch's bf16 residual add
+  auto add_residual = [&]() {
+    for_rows(M, H, [&](int64_t m0, int64_t m1) {
+      for (int64_t i = m0 * H; i < m1 * H; ++i) x[i] = round_bf16(x[i] + proj[i]);
+    });
+  };
 
   const int64_t num_captured = capture_layers.size();
   TORCH_CHECK(num_captured == 0 || (captured.scalar_type() == at::kBFloat16 && captured.is_contiguous() &&
@@ -168,54 +240,61 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
     for (int64_t c = 0; c < num_captured; ++c) {
       if (capture_layers[c] != layer) continue;
       uint16_t* dst = bf16_ptr_mut(captured);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t i = 0; i < H; ++i) dst[(m * num_captured + c) * H + i] = float_to_bf16(x[m * H + i]);
+      for_rows(M, H, [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; ++m)
+          for (int64_t i = 0; i < H; ++i) dst[(m * num_captured + c) * H + i] = float_to_bf16(x[m * H + i]);
+      });
     }
   };
   for (int64_t l = 0; l < L; ++l) {
     capture(l);
     const torch::Tensor* t = &layers[l * 8];
-    const int64_t I = t[6].size(0) / 2;
-    rms_norm(x.data(), M, H, bf16_ptr(t[0]), 1, eps, normed.data());
-    linear(normed.data(), M, H, bf16_ptr(t[1]), t[2].defined() && t[2].numel() ? bf16_ptr(t[2]) : nullptr,
-           qkv_width, qkv.data());
-    // split q | k | v per token; q and k heads stacked for their norm and rotation
-    std::vector<float> qk(M * (Hq + Hkv) * D);
-    for (int64_t m = 0; m < M; ++m) {
-      std::memcpy(&qk[m * (Hq + Hkv) * D], &qkv[m * qkv_width], (Hq + Hkv) * D * sizeof(float));
-      std::memcpy(&v[m * Hkv * D], &qkv[m * qkv_width + (Hq + Hkv) * D], Hkv * D * sizeof(float));
-    }
+    const int64_t I = in_features(t[7]);
+    rms_norm(x.get(), M, H, bf16_ptr(t[0]), 1, eps, normed.get());
+    body_linear(normed.get(), M, H, t[1], t[2].defined() && t[2].numel() ? bf16_ptr(t[2]) : nullptr, qkv_width,
+                qkv.get());
+    for_rows(M, qkv_width, [&](int64_t m0, int64_t m1) {   // split q | k | v per token
+      for (int64_t m = m0; m < m1; ++m) {
+        std::memcpy(&qk[m * QK], &qkv[m * qkv_width], QK * sizeof(float));
+        std::memcpy(&v[m * Hkv * D], &qkv[m * qkv_width + QK], Hkv * D * sizeof(float));
+      }
+    });
+    float* rotated = qk.get();
     if (t[3].defined() && t[3].numel()) {
-      std::vector<float> qk_normed(qk.size());
-      rms_norm(qk.data(), M * (Hq + Hkv), D, bf16_ptr(t[3]), Hq + Hkv, eps, qk_normed.data());
-      qk.swap(qk_normed);
+      rms_norm(qk.get(), M * (Hq + Hkv), D, bf16_ptr(t[3]), Hq + Hkv, eps, qk_normed.get());
+      rotated = qk_normed.get();
     }
-    rope(qk.data(), M, Hq + Hkv, D, cos.data(), sin.data());
-    for (int64_t m = 0; m < M; ++m) {
-      std::memcpy(&q[m * Hq * D], &qk[m * (Hq + Hkv) * D], Hq * D * sizeof(float));
-      std::memcpy(&k[m * Hkv * D], &qk[m * (Hq + Hkv) * D + Hq * D], Hkv * D * sizeof(float));
-    }
+    rope(rotated, M, Hq + Hkv, D, cos.data(), sin.data());
+    for_rows(M, QK, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m) {
+        std::memcpy(&q[m * Hq * D], &rotated[m * QK], Hq * D * sizeof(float));
+        std::memcpy(&k[m * Hkv * D], &rotated[m * QK + Hq * D], Hkv * D * sizeof(float));
+      }
+    });
     auto k_layer = k_cache[l];
     auto v_layer = v_cache[l];
-    attend(q.data(), k.data(), v.data(), Hq, Hkv, D, scale, win, k_layer, v_layer, attn.data());
-    linear(attn.data(), M, Hq * D, bf16_ptr(t[4]), nullptr, H, proj.data());
-    for (int64_t i = 0; i < M * H; ++i) x[i] = round_bf16(x[i] + proj[i]);
+    attend(q.get(), k.get(), v.get(), Hq, Hkv, D, scale, win, k_layer, v_layer, attn.get());
+    body_linear(attn.get(), M, Hq * D, t[4], nullptr, H, proj.get());
+    add_residual();
 
-    rms_norm(x.data(), M, H, bf16_ptr(t[5]), 1, eps, normed.data());
-    std::vector<float> gate_up(M * 2 * I), act(M * I);
-    linear(normed.data(), M, H, bf16_ptr(t[6]), nullptr, 2 * I, gate_up.data());
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t i = 0; i < I; ++i) {
-        const float g = gate_up[m * 2 * I + i], u = gate_up[m * 2 * I + I + i];
-        act[m * I + i] = round_bf16(round_bf16(g / (1.f + std::exp(-g))) * u);
-      }
-    linear(act.data(), M, I, bf16_ptr(t[7]), nullptr, H, proj.data());
-    for (int64_t i = 0; i < M * H; ++i) x[i] = round_bf16(x[i] + proj[i]);
+    rms_norm(x.get(), M, H, bf16_ptr(t[5]), 1, eps, normed.get());
+    body_linear(normed.get(), M, H, t[6], nullptr, 2 * I, gate_up.get());
+    for_rows(M, I, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m)
+        for (int64_t i = 0; i < I; ++i) {
+          const float g = gate_up[m * 2 * I + i], u = gate_up[m * 2 * I + I + i];
+          act[m * I + i] = round_bf16(round_bf16(g / (1.f + std::exp(-g))) * u);
+        }
+    });
+    body_linear(act.get(), M, I, t[7], nullptr, H, proj.get());
+    add_residual();
   }
   capture(L);
-  rms_norm(x.data(), M, H, bf16_ptr(final_norm), 1, eps, normed.data());
+  rms_norm(x.get(), M, H, bf16_ptr(final_norm), 1, eps, normed.get());
   auto out = torch::empty({B, S, H}, embed.options());
   uint16_t* o = bf16_ptr_mut(out);
-  for (int64_t i = 0; i < M * H; ++i) o[i] = float_to_bf16(normed[i]);
+  for_rows(M, H, [&](int64_t m0, int64_t m1) {
+    for (int64_t i = m0 * H; i < m1 * H; ++i) o[i] = float_to_bf16(normed[i]);
+  });
   return out;
 }

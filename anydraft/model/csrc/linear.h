@@ -1,5 +1,7 @@
 // The linear layer of the native kernels: y = bf16(x @ w^T + bias) for bf16 activations and a bf16 weight in
-// PyTorch's row-major layout (no repacked copy), each weight block read from memory once for all activation rows.
+// PyTorch's row-major layout, each weight block read from memory once for all activation rows. The output head
+// (whose row-major weight its screens share) runs here; the decoder body's weights, where AMX runs their width, are
+// packed for tile_gemm.h instead (the same values, faster from 16 rows up).
 //
 // Every output is one fixed function of its own activation row and weight row: its summation order depends on
 // nothing else (not the number of rows, the row's place among them, or the threads, which split the weight
@@ -105,7 +107,9 @@ inline float dot_bf16(const uint16_t* x, const uint16_t* w, int64_t K) {
 // Activations as bf16 (exact: the fp32 values hold bf16 numbers).
 inline std::vector<uint16_t> to_bf16(const float* x, int64_t n) {
   std::vector<uint16_t> out(n);
-  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(x[i]);
+  at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = float_to_bf16(x[i]);
+  });
   return out;
 }
 

@@ -1,0 +1,155 @@
+// The decoder body's linear layers on AMX tiles, with each weight packed once into the tiles' layout.
+//
+// Why: linear.h reads PyTorch's row-major weight as it is, so each tile load gathers 16 rows 2*K bytes apart
+// (rows that share L1 sets) and its results come out transposed; at prefill sizes that ran at 0.4-0.8 TFLOP/s on
+// a 2-core Sapphire Rapids VM where oneDNN reaches 0.8-1.7. Here the weight is stored as the tiles read it (16
+// output columns x 32 input columns per 1 KB tile, contiguous), activations are re-laid the same way per call, and
+// each result tile is a block of output rows stored as vectors: 1.5-2x faster from 16 rows up (bench numbers in
+// the module docstring of model/native_extension.py).
+//
+// Each output is still one fixed function of its own activation row and weight row: TDPBF16PS over k in column
+// order, products of the same bf16 pairs as linear_amx (whose operands it swaps: the products commute), so the
+// two paths give bit-identical values, and blocking the rows or splitting the weight over threads changes no sum.
+#pragma once
+#include "linear.h"
+
+namespace anydraft_native {
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+constexpr int64_t TILE_COLS = 16;     // output columns per weight tile
+constexpr int64_t TILE_DEPTH = 32;    // input columns (bf16) per tile
+constexpr int64_t PANEL_PAIRS = 4;    // pairs of weight tiles a thread takes at once (a 256 KB panel at K = 2048)
+constexpr int64_t CHUNK_GROUPS = 16;  // activation groups of 16 rows kept in L2 while the panels pass over them
+
+// weight [N, K] -> [ceil(N/32) * 2, K/2, 16, 2]: tile (n-block b, depth chunk c) is the 1 KB at (b, 16c); row p of
+// it holds input columns 2p, 2p+1 of the block's 16 output columns. Rows past N are zeros (never stored out).
+inline void pack_weight_tiles(const uint16_t* w, int64_t N, int64_t K, uint16_t* packed) {
+  const int64_t blocks = (N + 31) / 32 * 2;
+  std::memset(packed, 0, blocks * TILE_COLS * K * sizeof(uint16_t));
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      uint32_t* block = reinterpret_cast<uint32_t*>(packed + (n / TILE_COLS) * TILE_COLS * K);
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(w + n * K);
+      for (int64_t p = 0; p < K / 2; ++p) block[p * TILE_COLS + n % TILE_COLS] = row[p];
+    }
+  });
+}
+
+// activations [M, K] (fp32 holding bf16 values) -> bf16 [ceil(M/16), K/32, 16, 32]: one 1 KB tile per (16-row
+// group, depth chunk); rows past M stay as given (zeros).
+inline void pack_activation_tiles(const float* x, int64_t M, int64_t K, uint16_t* packed) {
+  const int64_t chunks = K / TILE_DEPTH;
+  at::parallel_for(0, M, std::max<int64_t>(1, 65536 / K), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t c = 0; c < chunks; ++c) {
+        uint16_t* dst = packed + ((m / 16 * chunks + c) * 16 + m % 16) * TILE_DEPTH;
+        for (int64_t i = 0; i < TILE_DEPTH; ++i) dst[i] = float_to_bf16(x[m * K + c * TILE_DEPTH + i]);
+      }
+  });
+}
+
+// Tiles 0-3 results [rows, 16 columns] fp32 (0, 1: group a x columns of b0, b1; 2, 3: group b); 4, 5 activations
+// of groups a, b [rows, 32 bf16]; 6, 7 weights [16 column pairs, 16 x 2 bf16].
+struct GemmTiles {
+  int64_t a = -1, b = -1;
+  bool loaded = false;
+  void use(int64_t rows_a, int64_t rows_b) {
+    if (loaded && rows_a == a && rows_b == b) return;
+    TileConfig cfg;
+    const int64_t rows[8] = {rows_a, rows_a, rows_b, rows_b, rows_a, rows_b, 16, 16};
+    for (int t = 0; t < 8; ++t)
+      if (rows[t]) {
+        cfg.rows[t] = uint8_t(rows[t]);
+        cfg.colsb[t] = 64;
+      }
+    _tile_loadconfig(&cfg);
+    loaded = true;
+    a = rows_a;
+    b = rows_b;
+  }
+  ~GemmTiles() { if (loaded) _tile_release(); }
+};
+
+// rows x 16 fp32 results (+ bias) -> y rows, each rounded to bf16 as float_to_bf16 (NaN kept quiet).
+inline void store_rows(const float* c, int64_t rows, const uint16_t* bias, int64_t n0, int64_t N, float* y) {
+  const int64_t valid_cols = std::min<int64_t>(TILE_COLS, N - n0);
+  if (valid_cols <= 0) return;
+  const __mmask16 valid = (__mmask16)(valid_cols == 16 ? 0xFFFF : (1u << valid_cols) - 1);
+  const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, bias + n0)), 16))
+                        : _mm512_setzero_ps();
+  const __m512i low_half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000), quiet = _mm512_set1_epi32(0x400000);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512i u = _mm512_castps_si512(_mm512_add_ps(_mm512_loadu_ps(c + r * 16), b));
+    const __m512i rounded = _mm512_and_si512(
+        _mm512_add_epi32(u, _mm512_add_epi32(low_half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), high);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i out = _mm512_mask_mov_epi32(rounded, nan, _mm512_and_si512(_mm512_or_si512(u, quiet), high));
+    _mm512_mask_storeu_ps(y + r * N + n0, valid, _mm512_castsi512_ps(out));
+  }
+}
+
+// y [M, N] = bf16(x [M, K] @ w^T + bias), x as fp32 holding bf16 values, w packed by pack_weight_tiles, K a
+// multiple of 32.
+inline void linear_tiles(const float* x, int64_t M, int64_t K, const uint16_t* packed, const uint16_t* bias,
+                         int64_t N, float* y) {
+  const int64_t groups = (M + 15) / 16, chunks = K / TILE_DEPTH;
+  std::vector<uint16_t> xt(groups * 16 * K, 0);
+  pack_activation_tiles(x, M, K, xt.data());
+  const int64_t pairs = (N + 31) / 32, panels = (pairs + PANEL_PAIRS - 1) / PANEL_PAIRS;
+  at::parallel_for(0, panels, 1, [&](int64_t q0, int64_t q1) {
+    GemmTiles tiles;
+    alignas(64) float c[4][16][16];
+    for (int64_t g0 = 0; g0 < groups; g0 += CHUNK_GROUPS)
+      for (int64_t q = q0; q < q1; ++q)
+        for (int64_t g = g0; g < std::min(groups, g0 + CHUNK_GROUPS); g += 2) {
+          const int64_t rows_a = std::min<int64_t>(16, M - g * 16);
+          const int64_t rows_b = g + 1 < groups ? std::min<int64_t>(16, M - g * 16 - 16) : 0;
+          tiles.use(rows_a, rows_b);
+          const uint16_t* xa = xt.data() + g * 16 * K;
+          const uint16_t* xb = xa + 16 * K;
+          for (int64_t p = q * PANEL_PAIRS; p < std::min(pairs, (q + 1) * PANEL_PAIRS); ++p) {
+            const uint16_t* w0 = packed + p * 32 * K;
+            const uint16_t* w1 = w0 + 16 * K;
+            _tile_zero(0);
+            _tile_zero(1);
+            if (rows_b) {
+              _tile_zero(2);
+              _tile_zero(3);
+              for (int64_t k = 0; k < chunks; ++k) {
+                _tile_loadd(4, xa + k * 512, 64);
+                _tile_loadd(5, xb + k * 512, 64);
+                _tile_loadd(6, w0 + k * 512, 64);
+                _tile_loadd(7, w1 + k * 512, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+              }
+              _tile_stored(2, c[2], 64);
+              _tile_stored(3, c[3], 64);
+            } else {
+              for (int64_t k = 0; k < chunks; ++k) {
+                _tile_loadd(4, xa + k * 512, 64);
+                _tile_loadd(6, w0 + k * 512, 64);
+                _tile_loadd(7, w1 + k * 512, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+              }
+            }
+            _tile_stored(0, c[0], 64);
+            _tile_stored(1, c[1], 64);
+            float* ya = y + g * 16 * N;
+            store_rows(&c[0][0][0], rows_a, bias, p * 32, N, ya);
+            store_rows(&c[1][0][0], rows_a, bias, p * 32 + 16, N, ya);
+            if (rows_b) {
+              store_rows(&c[2][0][0], rows_b, bias, p * 32, N, ya + 16 * N);
+              store_rows(&c[3][0][0], rows_b, bias, p * 32 + 16, N, ya + 16 * N);
+            }
+          }
+        }
+  });
+}
+#endif
+
+}  // namespace anydraft_native
