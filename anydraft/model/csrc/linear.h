@@ -196,23 +196,35 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-struct Tiles {   // one thread's tile configuration, loaded when the activation groups' widths change
-  int64_t a = 0, b = 0;
+// One thread's AMX tile configuration: load() sets tiles 0-7 (rows, bytes per row; 0 rows: unused) and skips the
+// reload when nothing changed; the tiles are released when it goes out of scope.
+struct Tiles {
+  TileConfig cfg;
   bool loaded = false;
-  void use(int64_t width_a, int64_t width_b) {
-    if (loaded && width_a == a && width_b == b) return;
-    TileConfig cfg;
-    const int64_t widths[8] = {width_a, width_a, width_b, width_b, 16, 16, width_a, width_b};
+  void load(const int64_t (&rows)[8], const int64_t (&colsb)[8]) {
+    TileConfig next;
     for (int t = 0; t < 8; ++t)
-      if (widths[t]) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = uint16_t(4 * widths[t]);
+      if (rows[t]) {
+        next.rows[t] = uint8_t(rows[t]);
+        next.colsb[t] = uint16_t(colsb[t]);
       }
+    if (loaded && std::memcmp(&next, &cfg, sizeof(TileConfig)) == 0) return;
+    cfg = next;
     _tile_loadconfig(&cfg);
     loaded = true;
-    a = width_a;
-    b = width_b;
   }
+  void use(int64_t width_a, int64_t width_b) {   // linear_amx's tiles (above) for groups of these activation rows
+    const int64_t widths[8] = {width_a, width_a, width_b, width_b, 16, 16, width_a, width_b};
+    int64_t rows[8], colsb[8];
+    for (int t = 0; t < 8; ++t) {
+      rows[t] = widths[t] ? 16 : 0;
+      colsb[t] = 4 * widths[t];
+    }
+    load(rows, colsb);
+  }
+  Tiles() = default;
+  Tiles(const Tiles&) = delete;
+  Tiles& operator=(const Tiles&) = delete;
   ~Tiles() { if (loaded) _tile_release(); }
 };
 

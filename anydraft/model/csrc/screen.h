@@ -66,23 +66,14 @@ class BlockScorer {
  public:
   BlockScorer(const uint8_t* codes, int64_t A, int64_t K) : codes_(codes), A_(A), K_(K), amx_(screen_uses_amx(A)) {
 #if ANYDRAFT_AMX_INT8
-    if (amx_) {   // tiles 0, 1: result and codes of a full group of 16 rows; 3, 4: of the last, partial group
-      TileConfig cfg;
-      const int64_t tail = A % 16;
-      if (A >= 16) cfg.rows[0] = cfg.rows[1] = 16, cfg.colsb[0] = cfg.colsb[1] = 64;
-      if (tail) cfg.rows[3] = cfg.rows[4] = uint8_t(tail), cfg.colsb[3] = cfg.colsb[4] = 64;
-      cfg.rows[2] = 16, cfg.colsb[2] = 64;   // 16 groups of 4 columns x 16 head rows: the q_blocks layout
-      _tile_loadconfig(&cfg);
+    if (amx_) {   // tiles 0, 1: result and codes of a full group of 16 rows; 3, 4: of the last, partial group;
+                  // 2: 16 groups of 4 columns x 16 head rows (the q_blocks layout)
+      const int64_t full = A >= 16 ? 16 : 0, tail = A % 16;
+      const int64_t rows[8] = {full, full, 16, tail, tail, 0, 0, 0}, colsb[8] = {64, 64, 64, 64, 64, 0, 0, 0};
+      tiles_.load(rows, colsb);
     }
 #endif
   }
-  ~BlockScorer() {
-#if ANYDRAFT_AMX_INT8
-    if (amx_) _tile_release();
-#endif
-  }
-  BlockScorer(const BlockScorer&) = delete;
-  BlockScorer& operator=(const BlockScorer&) = delete;
 
   void block_scores(const int8_t* block, int32_t* out) const {
 #if ANYDRAFT_AMX_INT8
@@ -132,6 +123,9 @@ class BlockScorer {
   const uint8_t* codes_;
   int64_t A_, K_;
   bool amx_;
+#if ANYDRAFT_AMX_INT8
+  Tiles tiles_;   // configured once, released with the scorer (Tiles: not copyable, so neither is the scorer)
+#endif
 };
 
 struct Screen {  // one activation row quantized for the int8 pass

@@ -13,6 +13,8 @@
 #pragma once
 #include "linear.h"
 
+#include <memory>
+
 namespace anydraft_native {
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -36,7 +38,7 @@ inline void pack_weight_tiles(const uint16_t* w, int64_t N, int64_t K, uint16_t*
 }
 
 // activations [M, K] (fp32 holding bf16 values) -> bf16 [ceil(M/16), K/32, 16, 32]: one 1 KB tile per (16-row
-// group, depth chunk); rows past M stay as given (zeros).
+// group, depth chunk). Rows past M are left unwritten: the last group's tiles are configured with its rows only.
 inline void pack_activation_tiles(const float* x, int64_t M, int64_t K, uint16_t* packed) {
   const int64_t chunks = K / TILE_DEPTH;
   at::parallel_for(0, M, std::max<int64_t>(1, 65536 / K), [&](int64_t m0, int64_t m1) {
@@ -50,25 +52,11 @@ inline void pack_activation_tiles(const float* x, int64_t M, int64_t K, uint16_t
 
 // Tiles 0-3 results [rows, 16 columns] fp32 (0, 1: group a x columns of b0, b1; 2, 3: group b); 4, 5 activations
 // of groups a, b [rows, 32 bf16]; 6, 7 weights [16 column pairs, 16 x 2 bf16].
-struct GemmTiles {
-  int64_t a = -1, b = -1;
-  bool loaded = false;
-  void use(int64_t rows_a, int64_t rows_b) {
-    if (loaded && rows_a == a && rows_b == b) return;
-    TileConfig cfg;
-    const int64_t rows[8] = {rows_a, rows_a, rows_b, rows_b, rows_a, rows_b, 16, 16};
-    for (int t = 0; t < 8; ++t)
-      if (rows[t]) {
-        cfg.rows[t] = uint8_t(rows[t]);
-        cfg.colsb[t] = 64;
-      }
-    _tile_loadconfig(&cfg);
-    loaded = true;
-    a = rows_a;
-    b = rows_b;
-  }
-  ~GemmTiles() { if (loaded) _tile_release(); }
-};
+inline void use_gemm_tiles(Tiles& tiles, int64_t rows_a, int64_t rows_b) {
+  const int64_t rows[8] = {rows_a, rows_a, rows_b, rows_b, rows_a, rows_b, 16, 16};
+  const int64_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+  tiles.load(rows, colsb);
+}
 
 // rows x 16 fp32 results (+ bias) -> y rows, each rounded to bf16 as float_to_bf16 (NaN kept quiet).
 inline void store_rows(const float* c, int64_t rows, const uint16_t* bias, int64_t n0, int64_t N, float* y) {
@@ -94,19 +82,19 @@ inline void store_rows(const float* c, int64_t rows, const uint16_t* bias, int64
 inline void linear_tiles(const float* x, int64_t M, int64_t K, const uint16_t* packed, const uint16_t* bias,
                          int64_t N, float* y) {
   const int64_t groups = (M + 15) / 16, chunks = K / TILE_DEPTH;
-  std::vector<uint16_t> xt(groups * 16 * K, 0);
-  pack_activation_tiles(x, M, K, xt.data());
+  const std::unique_ptr<uint16_t[]> xt(new uint16_t[groups * 16 * K]);
+  pack_activation_tiles(x, M, K, xt.get());
   const int64_t pairs = (N + 31) / 32, panels = (pairs + PANEL_PAIRS - 1) / PANEL_PAIRS;
   at::parallel_for(0, panels, 1, [&](int64_t q0, int64_t q1) {
-    GemmTiles tiles;
+    Tiles tiles;
     alignas(64) float c[4][16][16];
     for (int64_t g0 = 0; g0 < groups; g0 += CHUNK_GROUPS)
       for (int64_t q = q0; q < q1; ++q)
         for (int64_t g = g0; g < std::min(groups, g0 + CHUNK_GROUPS); g += 2) {
           const int64_t rows_a = std::min<int64_t>(16, M - g * 16);
           const int64_t rows_b = g + 1 < groups ? std::min<int64_t>(16, M - g * 16 - 16) : 0;
-          tiles.use(rows_a, rows_b);
-          const uint16_t* xa = xt.data() + g * 16 * K;
+          use_gemm_tiles(tiles, rows_a, rows_b);
+          const uint16_t* xa = xt.get() + g * 16 * K;
           const uint16_t* xb = xa + 16 * K;
           for (int64_t p = q * PANEL_PAIRS; p < std::min(pairs, (q + 1) * PANEL_PAIRS); ++p) {
             const uint16_t* w0 = packed + p * 32 * K;
