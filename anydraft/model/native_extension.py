@@ -226,9 +226,10 @@ class NativeDecoder:
 
     def __call__(self, input_ids: torch.Tensor, cache, slots: list[int], positions: list[int],
                  capture_layers: list[int] | None = None):
-        """input_ids [B, S] -> hidden [B, S, H] after the final norm; writes the new k/v into `cache` at
-        (slots[b], positions[b * S + s]) (KVCache.host_positions). With capture_layers, returns (hidden, the
-        residual stream at the input of those layers [B, S, len * H]), as CausalLM.forward does."""
+        """input_ids [B, S] -> hidden [B, S, H] after the final norm; writes token m = b * S + s's k/v into
+        `cache` at (slots[m], positions[m]) (KVCache.host_positions), one slot and position per token, so several
+        rows' tokens may share a batch row (a ragged prefill). With capture_layers, returns (hidden, the residual
+        stream at the input of those layers [B, S, len * H]), as CausalLM.forward does."""
         cfg = self.cfg
         layers = capture_layers or []
         captured = torch.empty((*input_ids.shape, len(layers) * cfg.hidden_size) if layers else (0,),

@@ -39,9 +39,9 @@ def native_ckpts(tmp_path_factory):
             for arch, tok in ARCHS.items()}
 
 
-def _runner(path, monkeypatch, native: bool) -> ModelRunner:
+def _runner(path, monkeypatch, native: bool, max_batch: int = 2) -> ModelRunner:
     monkeypatch.setenv("ANYDRAFT_NATIVE", "1" if native else "0")
-    runner = ModelRunner.load(path, torch.bfloat16, CPU, max_batch=2, max_len=64)
+    runner = ModelRunner.load(path, torch.bfloat16, CPU, max_batch=max_batch, max_len=64)
     assert (runner.native_unavailable is None) == native, runner.native_unavailable
     return runner
 
@@ -217,6 +217,33 @@ def test_native_rows_are_bit_identical_whatever_the_batch_shape(native_ckpts, mo
     runner.prefill(1, prompt[0, :5].tolist())
     alone = runner.logits(runner.forward([1], new[:, :2]))
     assert torch.equal(both[1, :2], alone[0])
+
+
+@needs_native
+def test_a_ragged_prefill_runs_only_real_tokens_and_gives_each_prompt_its_alone_values(native_ckpts, monkeypatch):
+    """Prompts of 11, 3 and 7 tokens joining together: one native call over their 21 tokens (no padding), and the
+    same last hidden states and cache entries as each prompt prefilled alone."""
+    runner = _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=True, max_batch=3)
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in (11, 3, 7)]
+    native, shapes = runner.model.native, []
+
+    def spy(input_ids, *args):
+        shapes.append(tuple(input_ids.shape))
+        return native(input_ids, *args)
+
+    monkeypatch.setattr(runner.model, "native", spy)
+    together = runner.prefill_rows([0, 1, 2], prompts)
+    assert shapes == [(1, 21)]
+    cache_together = [(runner.cache.k[:, r, :len(p)].clone(), runner.cache.v[:, r, :len(p)].clone())
+                      for r, p in enumerate(prompts)]
+    for row, prompt in enumerate(prompts):
+        runner.cache.reset(row)
+        alone = runner.prefill(row, prompt)
+        assert torch.equal(alone[0], together[row])
+        assert torch.equal(runner.cache.k[:, row, :len(prompt)], cache_together[row][0])
+        assert torch.equal(runner.cache.v[:, row, :len(prompt)], cache_together[row][1])
+    assert shapes[1:] == [(1, 11), (1, 3), (1, 7)]
 
 
 @needs_native

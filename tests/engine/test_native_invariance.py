@@ -163,7 +163,7 @@ def runner(request):
 def test_body_rows_are_bit_identical_alone_batched_prefilled_and_threaded(runner):
     """Three requests: each token decoded alone (one thread) = the same tokens verified 4 at a time beside the
     other rows, in another order (two threads) = the prompt's prefill (many tokens of one request in one call,
-    through the same kernels) = a right-padded prefill of all three prompts together."""
+    through the same kernels) = all three prompts prefilled together (one ragged sequence of their tokens)."""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (11, 6, 9)]
     new = torch.randint(0, 512, (3, 4), generator=gen)
@@ -185,7 +185,7 @@ def test_body_rows_are_bit_identical_alone_batched_prefilled_and_threaded(runner
         last = runner.prefill_rows([0, 1, 2], prompts)[:, 0]
     for b, prompt in enumerate(prompts):
         assert torch.equal(prefilled[b], alone[b][:len(prompt)]), f"prefill of request {b}"
-        assert torch.equal(last[b], alone[b][len(prompt) - 1]), f"padded prefill of request {b}"
+        assert torch.equal(last[b], alone[b][len(prompt) - 1]), f"ragged prefill of request {b}"
     for j, b in enumerate((2, 0, 1)):
         assert torch.equal(together[j], alone[b][len(prompts[b]):]), f"verification of request {b}"
     with threads(2):

@@ -2,7 +2,8 @@
 //
 // Why: at the sizes of draft models (and of the shipped models) a PyTorch forward is ~50 framework calls
 // per layer, each costing more than its arithmetic; at real sizes (hidden 1024+) the layers are a read of the
-// weights, which linear() (linear.h) and linear_tiles() (tile_gemm.h) read once for all rows of the forward.
+// weights, which linear() (linear.h) and linear_tiles() (tile_gemm.h) read once for all rows of the forward;
+// attention reads the cache (attention.h). A forward's tokens may come from several rows (a ragged prefill).
 // Every output row is computed the same way whatever the number of rows, its place among them, or the threads
 // (each output in one fixed summation order; threads split outputs, never sums), so a k+1-token verification,
 // a 1-token decode and a prefill give bit-identical rows: greedy speculative decoding in bf16 equals the target
@@ -12,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "attention.h"
 #include "linear.h"
 #include "tile_gemm.h"
 
@@ -94,62 +96,6 @@ void body_linear(const float* x, int64_t M, int64_t K, const torch::Tensor& w, c
 #endif
 }
 
-struct Window {  // where a forward's rows live in the cache
-  int64_t B, S;
-  const int64_t* slots;      // [B] cache row of each batch row
-  const int64_t* positions;  // [B, S] cache index (= position) of each new token; key j visible iff j <= it
-};
-
-// Writes the new k/v [M, Hkv, D] into the layer's cache, then attends: out [M, Hq*D] (bf16 values).
-void attend(const float* q, const float* k, const float* v, int64_t Hq, int64_t Hkv, int64_t D, float scale,
-            const Window& win, torch::Tensor& k_cache, torch::Tensor& v_cache, float* out) {
-  // k_cache/v_cache: [B_max, L_max + 1, Hkv, D] of this layer
-  const int64_t row_stride = k_cache.stride(0), pos_stride = k_cache.stride(1);
-  uint16_t* kc = bf16_ptr_mut(k_cache);
-  uint16_t* vc = bf16_ptr_mut(v_cache);
-  for_rows(win.B * win.S, 2 * Hkv * D, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) {
-      const int64_t at = win.slots[m / win.S] * row_stride + win.positions[m] * pos_stride;
-      for (int64_t i = 0; i < Hkv * D; ++i) {
-        kc[at + i] = float_to_bf16(k[m * Hkv * D + i]);
-        vc[at + i] = float_to_bf16(v[m * Hkv * D + i]);
-      }
-    }
-  });
-  const int64_t group = Hq / Hkv;
-  at::parallel_for(0, win.B * win.S * Hq, 4, [&](int64_t i0, int64_t i1) {
-    std::vector<float> probs;
-    std::vector<float> acc(D);
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t m = i / Hq, h = i % Hq, g = h / group, b = m / win.S;
-      const int64_t num_keys = win.positions[m] + 1;
-      const uint16_t* keys = kc + win.slots[b] * row_stride + g * D;
-      const uint16_t* values = vc + win.slots[b] * row_stride + g * D;
-      const float* qv = q + (m * Hq + h) * D;
-      probs.resize(num_keys);
-      float max_score = -INFINITY;
-      for (int64_t j = 0; j < num_keys; ++j) {
-        probs[j] = dot_row(qv, keys + j * pos_stride, D) * scale;
-        max_score = std::max(max_score, probs[j]);
-      }
-      float total = 0.f;
-      for (int64_t j = 0; j < num_keys; ++j) {
-        probs[j] = std::exp(probs[j] - max_score);
-        total += probs[j];
-      }
-      std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t j = 0; j < num_keys; ++j) {
-        const uint16_t* vj = values + j * pos_stride;
-        const __m512 p = _mm512_set1_ps(probs[j]);
-        for (int64_t d = 0; d < D; d += LANES)
-          _mm512_storeu_ps(acc.data() + d, _mm512_fmadd_ps(p, load_bf16x16(vj + d), _mm512_loadu_ps(acc.data() + d)));
-      }
-      float* o = out + (m * Hq + h) * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = round_bf16(acc[d] / total);
-    }
-  });
-}
-
 }  // namespace
 
 // weight [N, K] bf16 -> [ceil(N/32) * 2, K/2, 16, 2] for linear_tiles where AMX runs width K; else undefined.
@@ -180,8 +126,9 @@ torch::Tensor body_linear_op(torch::Tensor x, torch::Tensor weight, int64_t N) {
 // layers: per layer 8 tensors: input_norm [H], qkv_weight [(Hq+2Hkv)*D, H], qkv_bias or empty,
 //   qk_norm [Hq+Hkv, D] or empty, o_weight [H, Hq*D], post_norm [H], gate_up_weight [2I, H], down_weight [H, I]
 //   (each weight row-major or packed for AMX tiles, see body_linear).
-// k_cache / v_cache: [L, B_max, L_max+1, Hkv, D] bf16, written at (slots[b], positions[b*S + s]); a new token's
-// position is also its rotary position, and key j is visible to it iff j <= its position.
+// k_cache / v_cache: [L, B_max, L_max+1, Hkv, D] bf16; token m = b*S + s is written at (slots[m], positions[m]),
+// its position is also its rotary position, and key j of its slot is visible to it iff j <= its position. Tokens
+// of one row need not share a batch row: several prompts can run as one ragged sequence (B = 1) with no padding.
 // inv_freq: [D/2] float32 rotary inverse frequencies.
 // captured: [B, S, len(capture_layers) * H] bf16, or empty: the residual stream at the input of each listed layer
 // (id L = the last layer's output before the final norm), side by side, for a hidden-state draft.
@@ -194,11 +141,11 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
   TORCH_CHECK(layers.size() % 8 == 0, "8 tensors per layer expected");
   auto ids = input_ids.to(at::kLong).contiguous();
   const int64_t B = ids.size(0), S = ids.size(1), H = embed.size(1), M = B * S;
-  TORCH_CHECK(int64_t(slots.size()) == B && int64_t(positions.size()) == M, "one slot per row, one position per token");
+  TORCH_CHECK(int64_t(slots.size()) == M && int64_t(positions.size()) == M, "one slot and one position per token");
   const int64_t L = layers.size() / 8;
   const float eps = float(eps_d), scale = 1.f / std::sqrt(float(D));
   const int64_t qkv_width = (Hq + 2 * Hkv) * D;
-  const Window win{B, S, slots.data(), positions.data()};
+  const Window win{M, slots.data(), positions.data()};
   // cos and sign-folded sin per token, rounded to bf16 as the PyTorch path stores them (llama.CausalLM.rope)
   std::vector<uint16_t> cos(M * D), sin(M * D);
   const float* freq = inv_freq.data_ptr<float>();
@@ -279,11 +226,12 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
 
     rms_norm(x.get(), M, H, bf16_ptr(t[5]), 1, eps, normed.get());
     body_linear(normed.get(), M, H, t[6], nullptr, 2 * I, gate_up.get());
-    for_rows(M, I, [&](int64_t m0, int64_t m1) {
+    for_rows(M, I, [&](int64_t m0, int64_t m1) {   // bf16(bf16(silu(gate)) * up), 16 values at a time (I % 16 == 0)
       for (int64_t m = m0; m < m1; ++m)
-        for (int64_t i = 0; i < I; ++i) {
-          const float g = gate_up[m * 2 * I + i], u = gate_up[m * 2 * I + I + i];
-          act[m * I + i] = round_bf16(round_bf16(g / (1.f + std::exp(-g))) * u);
+        for (int64_t i = 0; i < I; i += LANES) {
+          const __m512 g = _mm512_loadu_ps(&gate_up[m * 2 * I + i]), u = _mm512_loadu_ps(&gate_up[m * 2 * I + I + i]);
+          const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+          _mm512_storeu_ps(&act[m * I + i], round_bf16x16(_mm512_mul_ps(round_bf16x16(silu), u)));
         }
     });
     body_linear(act.get(), M, I, t[7], nullptr, H, proj.get());

@@ -65,15 +65,9 @@ inline void store_rows(const float* c, int64_t rows, const uint16_t* bias, int64
   const __mmask16 valid = (__mmask16)(valid_cols == 16 ? 0xFFFF : (1u << valid_cols) - 1);
   const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, bias + n0)), 16))
                         : _mm512_setzero_ps();
-  const __m512i low_half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
-  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF), inf = _mm512_set1_epi32(0x7F800000), quiet = _mm512_set1_epi32(0x400000);
   for (int64_t r = 0; r < rows; ++r) {
-    const __m512i u = _mm512_castps_si512(_mm512_add_ps(_mm512_loadu_ps(c + r * 16), b));
-    const __m512i rounded = _mm512_and_si512(
-        _mm512_add_epi32(u, _mm512_add_epi32(low_half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), high);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    const __m512i out = _mm512_mask_mov_epi32(rounded, nan, _mm512_and_si512(_mm512_or_si512(u, quiet), high));
-    _mm512_mask_storeu_ps(y + r * N + n0, valid, _mm512_castsi512_ps(out));
+    const __m512 out = round_bf16x16(_mm512_add_ps(_mm512_loadu_ps(c + r * 16), b));
+    _mm512_mask_storeu_ps(y + r * N + n0, valid, out);
   }
 }
 
