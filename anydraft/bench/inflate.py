@@ -136,4 +136,8 @@ def inflate_model(model: CausalLM, spec: InflateSpec, seed: int = 0) -> CausalLM
 
 
 def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """The weights the model computes with: its parameters, and the ones held only packed for the native AMX
+    tiles (TileLinear buffers), which a batch-1 decode reads just the same (the roofline's bytes)."""
+    from ..model.packed_linear import TileLinear
+    return (sum(p.numel() for p in model.parameters())
+            + sum(m.out_features * m.in_features for m in model.modules() if isinstance(m, TileLinear)))

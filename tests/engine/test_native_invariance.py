@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from anydraft.bench.inflate import parameter_count
 from anydraft.model.config import ModelConfig
 from anydraft.model.llama import CausalLM
 from anydraft.model.native_extension import cpu_has, load_extension
@@ -111,6 +112,7 @@ def test_the_model_keeps_one_copy_of_a_packed_weight_and_its_pytorch_path_still_
     model = _layer_model(*SIZES["0.6B"], seed=5)
     model.fuse_projections()
     dense = {name: p.detach().clone() for name, p in model.named_parameters() if p.dim() == 2}
+    count = parameter_count(model)
     ids = torch.randint(0, 512, (1, 8), generator=torch.Generator().manual_seed(6))
     with torch.inference_mode():
         before = model(ids)
@@ -122,6 +124,9 @@ def test_the_model_keeps_one_copy_of_a_packed_weight_and_its_pytorch_path_still_
     assert torch.equal(layer.self_attn.qkv_proj.weight, dense["model.layers.0.self_attn.qkv_proj.weight"])
     with torch.inference_mode():
         assert torch.equal(runner.model(ids), before)
+    # The packed weights are buffers, not parameters; the count (the roofline's bytes) still holds every weight.
+    assert sum(p.numel() for p in runner.model.parameters()) < count
+    assert parameter_count(runner.model) == count
 
 
 @pytest.mark.parametrize("setting, path", [
