@@ -3,8 +3,9 @@
 At batch 1 a decode step reads every target weight once, so no system can beat weight_bytes / bandwidth per
 token. The bandwidth is measured the same way a decode step reads: one GEMV (matrix times one vector) over a
 matrix of as many bytes as the target's weights, in the bench's dtype and thread count, median of a few runs,
-by every GEMV at hand (torch's, and anydraft's native bf16 kernel where it runs): the bound is the fastest of
-them, since torch's bf16 GEMV alone reads far below what the memory delivers (a bound a decode can beat).
+by every GEMV at hand (torch's, anydraft's native bf16 head kernel on the row-major matrix, and the native body's
+kernel on the matrix packed for AMX tiles, where each runs): the bound is the fastest of them, since a slower
+GEMV gives a bound a decode can beat (torch's bf16 GEMV reads far below what the memory delivers).
 """
 from __future__ import annotations
 
@@ -27,15 +28,13 @@ def measure_bandwidth(num_bytes: int, dtype: torch.dtype, warmup: int = 2, repea
     native = _native_gemv(dtype)
     if native is not None:
         readers["anydraft native head_logits"] = lambda: native(vector, matrix)
-    seconds_by_reader = {}
-    for name, gemv in readers.items():
-        times = []
-        for repeat in range(warmup + repeats):
-            start = time.perf_counter()
-            gemv()
-            if repeat >= warmup:
-                times.append(time.perf_counter() - start)
-        seconds_by_reader[name] = statistics.median(times)
+    seconds_by_reader = {name: _median_seconds(gemv, warmup, repeats) for name, gemv in readers.items()}
+    packed = _packed_for_tiles(matrix)
+    if packed is not None:   # the row-major copy goes first: two copies of a target's bytes may not fit
+        del matrix, readers
+        body_linear = _native_extension().body_linear
+        seconds_by_reader["anydraft native body (AMX tiles)"] = _median_seconds(
+            lambda: body_linear(vector, packed, rows), warmup, repeats)
     fastest = min(seconds_by_reader, key=seconds_by_reader.get)
     seconds = seconds_by_reader[fastest]
     size = rows * columns * itemsize
@@ -44,17 +43,37 @@ def measure_bandwidth(num_bytes: int, dtype: torch.dtype, warmup: int = 2, repea
             "threads": torch.get_num_threads(), "repeats": repeats}
 
 
-def _native_gemv(dtype: torch.dtype):
-    """anydraft's native bf16 head kernel (logits = hidden @ weight.T) where it builds and runs, else None."""
-    if dtype != torch.bfloat16:
-        return None
+def _median_seconds(gemv, warmup: int, repeats: int) -> float:
+    times = []
+    for repeat in range(warmup + repeats):
+        start = time.perf_counter()
+        gemv()
+        if repeat >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _native_extension():
+    """anydraft's native kernels where they build and run here, else None."""
     from ..model.native_extension import BuildFailed, load_extension, why_not_hardware
     if why_not_hardware() is not None:
         return None
     try:
-        return load_extension().head_logits
+        return load_extension()
     except BuildFailed:
         return None
+
+
+def _native_gemv(dtype: torch.dtype):
+    """anydraft's native bf16 head kernel (logits = hidden @ weight.T) where it runs, else None."""
+    extension = _native_extension() if dtype == torch.bfloat16 else None
+    return None if extension is None else extension.head_logits
+
+
+def _packed_for_tiles(matrix: torch.Tensor) -> torch.Tensor | None:
+    """The matrix packed as the native body packs its weights, where AMX tiles run its width; else None."""
+    extension = _native_extension() if matrix.dtype == torch.bfloat16 else None
+    return None if extension is None else extension.pack_body_weight(matrix)
 
 
 def roofline_rows(runs: list[dict], target_bytes: int, bandwidth: dict) -> list[dict]:
