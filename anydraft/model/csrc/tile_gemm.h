@@ -58,6 +58,19 @@ inline void use_gemm_tiles(Tiles& tiles, int64_t rows_a, int64_t rows_b) {
   tiles.load(rows, colsb);
 }
 
+// The weight tiles PREFETCH_TILES depth chunks ahead of k, one cache line at a time: the hardware prefetchers
+// alone left a decode step's weight stream at 15-27 GB/s (a 16-row and a 1-row step alike); 4 KB ahead per stream
+// gave 12-40% more (scratch runs, cold weights, 2 threads).
+constexpr int64_t PREFETCH_TILES = 4;
+inline void prefetch_weight_tiles(const uint16_t* w0, const uint16_t* w1, int64_t k, int64_t chunks) {
+  if (k + PREFETCH_TILES >= chunks) return;
+  const int64_t ahead = (k + PREFETCH_TILES) * 512;
+  for (int64_t line = 0; line < 512; line += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(w0 + ahead + line), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w1 + ahead + line), _MM_HINT_T0);
+  }
+}
+
 // rows x 16 fp32 results (+ bias) -> y rows, each rounded to bf16 as float_to_bf16 (NaN kept quiet).
 inline void store_rows(const float* c, int64_t rows, const uint16_t* bias, int64_t n0, int64_t N, float* y) {
   const int64_t valid_cols = std::min<int64_t>(TILE_COLS, N - n0);
@@ -99,6 +112,7 @@ inline void linear_tiles(const float* x, int64_t M, int64_t K, const uint16_t* p
               _tile_zero(2);
               _tile_zero(3);
               for (int64_t k = 0; k < chunks; ++k) {
+                prefetch_weight_tiles(w0, w1, k, chunks);
                 _tile_loadd(4, xa + k * 512, 64);
                 _tile_loadd(5, xb + k * 512, 64);
                 _tile_loadd(6, w0 + k * 512, 64);
@@ -112,6 +126,7 @@ inline void linear_tiles(const float* x, int64_t M, int64_t K, const uint16_t* p
               _tile_stored(3, c[3], 64);
             } else {
               for (int64_t k = 0; k < chunks; ++k) {
+                prefetch_weight_tiles(w0, w1, k, chunks);
                 _tile_loadd(4, xa + k * 512, 64);
                 _tile_loadd(6, w0 + k * 512, 64);
                 _tile_loadd(7, w1 + k * 512, 64);
