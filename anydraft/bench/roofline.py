@@ -25,16 +25,15 @@ def measure_bandwidth(num_bytes: int, dtype: torch.dtype, warmup: int = 2, repea
     matrix = torch.ones(rows, columns, dtype=dtype)   # written once, so every page is resident before timing
     vector = torch.ones(1, columns, dtype=dtype)
     readers = {"torch.mm": lambda: torch.mm(matrix, vector.t())}
-    native = _native_gemv(dtype)
+    native = _native_extension() if dtype == torch.bfloat16 else None
     if native is not None:
-        readers["anydraft native head_logits"] = lambda: native(vector, matrix)
+        readers["anydraft native head_logits"] = lambda: native.head_logits(vector, matrix)
     seconds_by_reader = {name: _median_seconds(gemv, warmup, repeats) for name, gemv in readers.items()}
-    packed = _packed_for_tiles(matrix)
-    if packed is not None:   # the row-major copy goes first: two copies of a target's bytes may not fit
-        del matrix, readers
-        body_linear = _native_extension().body_linear
+    packed = None if native is None else native.pack_body_weight(matrix)   # None where AMX tiles do not run
+    if packed is not None:
+        del matrix, readers   # only the packing holds both copies; the timing holds the packed one alone
         seconds_by_reader["anydraft native body (AMX tiles)"] = _median_seconds(
-            lambda: body_linear(vector, packed, rows), warmup, repeats)
+            lambda: native.body_linear(vector, packed, rows), warmup, repeats)
     fastest = min(seconds_by_reader, key=seconds_by_reader.get)
     seconds = seconds_by_reader[fastest]
     size = rows * columns * itemsize
@@ -62,18 +61,6 @@ def _native_extension():
         return load_extension()
     except BuildFailed:
         return None
-
-
-def _native_gemv(dtype: torch.dtype):
-    """anydraft's native bf16 head kernel (logits = hidden @ weight.T) where it runs, else None."""
-    extension = _native_extension() if dtype == torch.bfloat16 else None
-    return None if extension is None else extension.head_logits
-
-
-def _packed_for_tiles(matrix: torch.Tensor) -> torch.Tensor | None:
-    """The matrix packed as the native body packs its weights, where AMX tiles run its width; else None."""
-    extension = _native_extension() if matrix.dtype == torch.bfloat16 else None
-    return None if extension is None else extension.pack_body_weight(matrix)
 
 
 def roofline_rows(runs: list[dict], target_bytes: int, bandwidth: dict) -> list[dict]:

@@ -161,21 +161,24 @@ class ModelRunner:
 
     def _native_forward(self, rows: list[int], input_ids: torch.Tensor, num_new: list[int] | None):
         """One native call, positions as host ints (no window tensors). A right-padded batch runs as one ragged
-        sequence of its real tokens (padding costs nothing: prompts of 40-120 tokens joining together were
-        padded by about half); its outputs are put back in [B, S] places, zeros at the padding."""
+        sequence of its real tokens (no compute for padding: GSM8K prompts of 40-120 tokens joining together were
+        padded to the longest); its outputs are put back in [B, S] places, zeros at the padding."""
         batch, seq_len = input_ids.shape
         positions = self.cache.host_positions(rows, seq_len, num_new)
-        capture = self.capture_layers
-        if num_new is None or min(num_new) == seq_len:
+        ragged = num_new is not None and min(num_new) < seq_len
+        if ragged:
+            kept = [b * seq_len + s for b, n in enumerate(num_new) for s in range(n)]
+            kept_t = torch.tensor(kept, dtype=torch.long, device=input_ids.device)
+            input_ids, slots, positions = (input_ids.reshape(1, -1)[:, kept_t], [rows[m // seq_len] for m in kept],
+                                           [positions[m] for m in kept])
+        else:
             slots = [row for row in rows for _ in range(seq_len)]
-            out = self.model.native(input_ids, self.cache, slots, positions, capture)
-            return out if capture is not None else (out, None)
-        kept = [b * seq_len + s for b, n in enumerate(num_new) for s in range(n)]
-        kept_t = torch.tensor(kept, dtype=torch.long, device=input_ids.device)
-        out = self.model.native(input_ids.reshape(1, -1)[:, kept_t], self.cache, [rows[m // seq_len] for m in kept],
-                                [positions[m] for m in kept], capture)
-        return tuple(None if t is None else unpack_tokens(t, kept_t, batch, seq_len)
-                     for t in (out if capture is not None else (out, None)))
+        out = self.model.native(input_ids, self.cache, slots, positions, self.capture_layers)
+        hidden, captured = out if self.capture_layers is not None else (out, None)
+        if not ragged:
+            return hidden, captured
+        return (unpack_tokens(hidden, kept_t, batch, seq_len),
+                None if captured is None else unpack_tokens(captured, kept_t, batch, seq_len))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

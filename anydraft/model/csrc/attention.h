@@ -83,7 +83,7 @@ inline void attend(const float* q, const float* k, const float* v, int64_t Hq, i
   const int64_t row_stride = k_cache.stride(0), pos_stride = k_cache.stride(1);
   uint16_t* kc = bf16_ptr_mut(k_cache);
   uint16_t* vc = bf16_ptr_mut(v_cache);
-  at::parallel_for(0, win.M, std::max<int64_t>(1, 16384 / (Hkv * D)), [&](int64_t m0, int64_t m1) {
+  for_rows(win.M, 2 * Hkv * D, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const int64_t at = win.slots[m] * row_stride + win.positions[m] * pos_stride;
       for (int64_t i = 0; i < Hkv * D; ++i) {

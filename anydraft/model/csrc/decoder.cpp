@@ -33,13 +33,6 @@ inline float sum_lanes(const float* x, int64_t n) {  // fixed order: 16 lanes, t
   return _mm512_reduce_add_ps(acc);
 }
 
-// fn(r0, r1) over rows [0, rows) of `width` values each, split over threads once there is enough work (a decode
-// step's few rows run inline). Rows are independent, so the split changes no value.
-template <typename F>
-void for_rows(int64_t rows, int64_t width, const F& fn) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)), fn);
-}
-
 // Uninitialised fp32 scratch (every element is written before it is read), allocated once per forward.
 using Scratch = std::unique_ptr<float[]>;
 inline Scratch scratch(int64_t n) { return Scratch(new float[std::max<int64_t>(n, 1)]); }

@@ -1,5 +1,5 @@
-// Helpers shared by the native kernels: bf16 <-> fp32 and the attention scores' dot product (linear.h: the
-// linear layers).
+// Helpers shared by the native kernels: bf16 <-> fp32 (one value and 16 at once), a vector exp, and the row loop
+// split over threads (linear.h: the linear layers).
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -67,11 +67,11 @@ inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// fp32 vector of one activation row (fp32 holding bf16 values) and one bf16 row: attention scores.
-inline float dot_row(const float* x, const uint16_t* w, int64_t K) {
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += LANES) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), load_bf16x16(w + k), acc);
-  return _mm512_reduce_add_ps(acc);
+// fn(r0, r1) over rows [0, rows) of `width` values each, split over threads once there is enough work (a decode
+// step's few rows run inline). Rows are independent, so the split changes no value.
+template <typename F>
+void for_rows(int64_t rows, int64_t width, const F& fn) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)), fn);
 }
 
 }  // namespace anydraft_native
