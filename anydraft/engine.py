@@ -46,6 +46,7 @@ class Request:
     num_prefilled: int = 0       # prompt tokens in the target cache (a long prompt goes in over several steps)
     arrival: float = field(default_factory=time.perf_counter)
     started: float = 0.0
+    first_token_at: float = 0.0  # when the prompt's forward gave the first token (decode time is after it)
 
     @property
     def finished(self) -> bool:
@@ -174,7 +175,9 @@ class Engine:
         admitted = [chunks[i][0] for i in complete]
         first_target_ids = self._first_target_ids(admitted, last_hidden[complete])
         joined = []
+        now = time.perf_counter()
         for request, target_id in zip(admitted, first_target_ids):
+            request.first_token_at = now
             self.last_target_id[request.row] = target_id
             self._append(request, target_id)
             if request.finished:

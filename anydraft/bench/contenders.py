@@ -33,6 +33,7 @@ class GroupRun:
     num_accepted: int | None = None             # accepted draft tokens over those steps
     accepted_at_position: list[int] | None = None
     stats: SpecStats | None = None              # anydraft's full statistics (time split)
+    prompt_seconds: float | None = None         # until every prompt had its first token (None: cannot tell)
 
 
 class Contender(Protocol):
@@ -78,7 +79,8 @@ class EngineContender:
         seconds = time.perf_counter() - start
         stats = engine.stats
         return GroupRun([list(r.output_target_ids) for r in requests], seconds, stats.target_forwards,
-                        stats.num_accepted, list(stats.accepted_at_position), stats)
+                        stats.num_accepted, list(stats.accepted_at_position), stats,
+                        max(r.first_token_at for r in requests) - start)
 
 
 def acceptance_length(num_tokens: int, target_forwards: int | None, num_accepted: int | None) -> float | None:
@@ -102,6 +104,7 @@ class _Tally:
     steps: list[list[int | None]] = field(default_factory=list)   # first round, per group: [target forwards, accepted]
     accepted_at_position: list[int] | None = None
     stats: SpecStats | None = None
+    prompt_seconds: list[float | None] = field(default_factory=list)   # per round (None: a group could not tell)
 
 
 def prompt_groups(num_prompts: int, batch_size: int) -> list[list[int]]:
@@ -131,7 +134,7 @@ def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
     for contender in contenders:
         log(f"warm-up: {contender.name}")
         attempt(contender, lambda: contender.warm_up(groups[0]), "its warm-up")
-    tallies = {c.name: _Tally([0.0] * repeats, [0] * repeats) for c in contenders}
+    tallies = {c.name: _Tally([0.0] * repeats, [0] * repeats, prompt_seconds=[0.0] * repeats) for c in contenders}
     for round_index in range(repeats):
         active = [c for c in contenders if c.name not in dropped and (rounds_of(c) < 0 or round_index < rounds_of(c))]
         for group_index, group in enumerate(groups):
@@ -153,6 +156,9 @@ def run_rounds(contenders: list[Contender], num_prompts: int, repeats: int,
 def _add(tally: _Tally, run: GroupRun, round_index: int) -> None:
     tally.seconds[round_index] += run.seconds
     tally.tokens[round_index] += sum(map(len, run.output_target_ids))
+    if tally.prompt_seconds[round_index] is not None:
+        tally.prompt_seconds[round_index] = (None if run.prompt_seconds is None
+                                             else tally.prompt_seconds[round_index] + run.prompt_seconds)
     if round_index > 0:
         return
     tally.outputs += run.output_target_ids   # greedy: every round decodes the same tokens
@@ -186,6 +192,9 @@ def _summary(contender: Contender, tally: _Tally, num_rounds: int) -> dict:
         "per_group_steps": tally.steps if forwards else None,
         "output_target_ids": tally.outputs,
     }
+    decode = _decode_tokens_per_second(tally, num_rounds, len(tally.outputs))
+    if decode is not None:
+        result["decode_tokens_per_second_median"] = decode
     if getattr(contender, "adaptive", False):
         result["adaptive"] = True
     if tally.stats is not None:
@@ -193,6 +202,18 @@ def _summary(contender: Contender, tally: _Tally, num_rounds: int) -> dict:
         result["time_split_seconds_first_repeat"] = stats["time_split_seconds"]
         result["k_histogram_first_repeat"] = stats["k_histogram"]   # drafted tokens per row step -> row steps
     return result
+
+
+def _decode_tokens_per_second(tally: _Tally, num_rounds: int, num_prompts: int) -> float | None:
+    """Median over rounds of the tokens after each prompt's first per second after it (TPOT's inverse at batch 1):
+    the decode alone, without the prompts' forward. None where a contender cannot tell when first tokens came."""
+    rates = []
+    for tokens, seconds, prompt in zip(tally.tokens[:num_rounds], tally.seconds[:num_rounds],
+                                       tally.prompt_seconds[:num_rounds]):
+        if prompt is None or seconds <= prompt or tokens <= num_prompts:
+            return None
+        rates.append((tokens - num_prompts) / (seconds - prompt))
+    return statistics.median(rates) if rates else None
 
 
 def _total(counts: list[int | None]) -> int | None:

@@ -71,8 +71,7 @@ def markdown_table(result: dict) -> str:
                      f"{bandwidth.get('gemv', 'torch.mm')}, the fastest GEMV at hand, "
                      f"{bandwidth['threads']} threads), so a batch-1 decode step takes at least "
                      f"{roofline['target_weight_bytes'] / bandwidth['bytes_per_second'] * 1e3:.1f} ms. Target alone: "
-                     + "; ".join(f"{row['name']} {row['seconds_per_token'] * 1e3:.1f} ms/token = "
-                                 f"{row['fraction_of_bound']:.0%} of the bound" for row in roofline["target_alone"]))
+                     + "; ".join(_roofline_row(row) for row in roofline["target_alone"]))
     startups = [(run["name"], run["startup_seconds"]) for run in result["runs"] if run.get("startup_seconds")]
     if startups:
         lines.append("")
@@ -96,3 +95,12 @@ def markdown_table(result: dict) -> str:
     for name, reason in result.get("skipped", {}).items():
         lines.append(f"\n{name} skipped: {reason}")
     return "\n".join(lines)
+
+
+def _roofline_row(row: dict) -> str:
+    text = (f"{row['name']} {row['seconds_per_token'] * 1e3:.1f} ms/token, prompt forward included = "
+            f"{row['fraction_of_bound']:.0%} of the bound")
+    if "decode_seconds_per_token" in row:
+        text += (f" (decode alone, after the first token: {row['decode_seconds_per_token'] * 1e3:.1f} ms/token = "
+                 f"{row['decode_fraction_of_bound']:.0%})")
+    return text

@@ -65,13 +65,19 @@ def _native_extension():
 
 def roofline_rows(runs: list[dict], target_bytes: int, bandwidth: dict) -> list[dict]:
     """Each system's target alone (k = 0) against the bound: seconds per token measured (median tok/s of the
-    whole request, prompt forward included) and the bandwidth bound's share of it (1.0 = at the bound)."""
+    whole request, prompt forward included) and the bandwidth bound's share of it (1.0 = at the bound); where the
+    system tells when each first token came, also per decoded token after it (TPOT: the prompt's forward, a
+    compute-bound GEMM over the prompt's tokens, is outside the one-read-per-token bound)."""
     bound = target_bytes / bandwidth["bytes_per_second"]
     rows = []
     for run in runs:
         if run["k"] != 0 or not run.get("tokens_per_second_median"):
             continue
         seconds = 1.0 / run["tokens_per_second_median"]
-        rows.append({"name": run["name"], "seconds_per_token": seconds, "bound_seconds_per_token": bound,
-                     "fraction_of_bound": bound / seconds})
+        row = {"name": run["name"], "seconds_per_token": seconds, "bound_seconds_per_token": bound,
+               "fraction_of_bound": bound / seconds}
+        if run.get("decode_tokens_per_second_median"):
+            row["decode_seconds_per_token"] = 1.0 / run["decode_tokens_per_second_median"]
+            row["decode_fraction_of_bound"] = bound * run["decode_tokens_per_second_median"]
+        rows.append(row)
     return rows

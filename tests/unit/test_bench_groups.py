@@ -61,3 +61,21 @@ def test_acceptance_on_identical_texts_counts_whole_groups():
     peer = {"_outputs": [[1, 2], [3], [4, 5], [9]], "per_group_steps": [[3, 0], [2, 1]]}
     assert acceptance_on_identical_texts(ours, peer, batch_size=2) == {
         "num_prompts": 2, "anydraft": (1 + 2) / 2, "peer": (0 + 3) / 3}
+
+
+def test_decode_rate_leaves_out_the_prompts_forward_and_needs_every_group_to_tell_it():
+    """Decode tok/s = tokens after each prompt's first / seconds after the group's first tokens, summed over a
+    round's groups; a contender that cannot tell when first tokens came (a peer) gets none."""
+    class Timed(FakeContender):
+        def run(self, group):
+            run = super().run(group)
+            run.prompt_seconds = 0.25 if self.name == "timed" else None
+            return run
+
+    calls = []
+    results = run_rounds([Timed("timed", 1.0, calls), Timed("peer", 1.0, calls)], num_prompts=4, repeats=1,
+                         batch_size=2)
+    # 10 tokens, 4 of them first tokens; 2 groups of 1.0 s, 0.25 s of each before the first tokens
+    assert results["timed"]["decode_tokens_per_second_median"] == pytest.approx(6 / 1.5)
+    assert results["timed"]["tokens_per_second_median"] == pytest.approx(10 / 2.0)
+    assert "decode_tokens_per_second_median" not in results["peer"]
