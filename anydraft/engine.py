@@ -84,7 +84,6 @@ class Engine:
         self.last_target_id: dict[int, int] = {}         # row -> the one token not yet in the target cache
         self.stats = SpecStats(self.k)
         self._next_id = itertools.count()
-        self._draft_reads_prompts = False   # requests joined since the draft last ran (adaptive's cost excludes them)
         self._probe_turn = 0                # which row the next one-row probe drafts for
         if self.speculation is not None:
             self._calibrate_target_cost()
@@ -185,7 +184,6 @@ class Engine:
             else:
                 self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
                 joined.append(request)
-                self._draft_reads_prompts = True   # the next propose reads these prompts: not a draft step's cost
         self.proposer.observe([r.row for r in joined], [0] * len(joined),
                               [[self.last_target_id[r.row]] for r in joined])
         return admitted
@@ -219,9 +217,10 @@ class Engine:
         rows = [r.row for r in step_requests]
         t0 = time.perf_counter()
         sampling = self._sampling_batch(step_requests)
-        k = self.k if self.speculation is None else self.speculation.choose(len(rows))   # 0 = plain decode
+        k = self.k if self.speculation is None else self._choose_k(step_requests)            # 0 = plain decode
         sampling = self._couple(sampling, k)                                               # noise keys, or as is
         drafting = self._drafting_rows(rows, sampling, k)                                 # all, or a probe's one
+        read_tokens = self.proposer.unread_tokens(drafting) if k and self.speculation is not None else 0
         proposal = self._propose(rows, drafting, sampling, k)                             # [B, k] target ids
         width = proposal.draft_target_ids.shape[1]   # k, or fewer when every row proposes fewer (ragged, SLEM)
         counts = proposal.num_draft_tokens or [width] * len(rows)
@@ -236,16 +235,23 @@ class Engine:
         self._record(step_requests, row_drafts, num_accepted, new_target_ids)
         t3 = time.perf_counter()
         if self.speculation is not None:
-            draft_seconds = None if self._draft_reads_prompts and k else t1 - t0
-            self.speculation.observe_step(len(rows), k, num_accepted, draft_seconds, t2 - t1, t3 - t2,
-                                          row_drafts, width, len(drafting))
-        self._draft_reads_prompts = self._draft_reads_prompts and not (k and len(drafting) == len(rows))
+            self.speculation.observe_step(len(rows), k, num_accepted, t1 - t0, t2 - t1, t3 - t2,
+                                          row_drafts, width, len(drafting), read_tokens)
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             stats.other_seconds += t3 - t2
         return step_requests
+
+    def _choose_k(self, step_requests: list[Request]) -> int:
+        """Adaptive k for this step, told what the draft has yet to read and how many tokens the rows may still
+        write (their max_tokens left, within max_model_len)."""
+        rows = [r.row for r in step_requests]
+        remaining = [min(r.params.max_tokens - len(r.output_target_ids),
+                         self.max_model_len - len(r.prompt_target_ids) - len(r.output_target_ids))
+                     for r in step_requests]
+        return self.speculation.choose(len(rows), self.proposer.unread_tokens(rows), sum(remaining) / len(rows))
 
     def _drafting_rows(self, rows: list[int], sampling: SamplingBatch | None, k: int) -> list[int]:
         """The rows the draft writes for: all, or for an adaptive probe one row in turn, where the proposer allows

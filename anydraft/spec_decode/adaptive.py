@@ -9,6 +9,10 @@ forward, 1 for a block drafter), each forward's cost the median of its recent me
 interpolated between sizes (target forwards timed at load, then every step refines them). A step that stops
 drafting still probes now and then, so a cost or rate measured wrongly once is measured again; where the proposer
 can, a greedy probe drafts for one row only (the draft then reads one prompt and one row's text, not the batch's).
+Text the draft has not read yet (the prompts of requests that joined, the text of plain steps since it last
+drafted) is read once, by the first step that drafts for those rows: its seconds, at the draft's measured seconds
+per token read, are spread over the steps left to write the rows' remaining tokens (R / E(k) of them), so that
+short outputs do not start a draft whose prompt reading they cannot earn back.
 The choice is per step for the whole batch: every row verifies the same k, so the output stays lossless
 whatever k is (greedy: identical to the target alone; sampling: the same distribution).
 """
@@ -130,6 +134,22 @@ class AcceptanceEstimate:
         return totals
 
 
+@dataclass
+class ReadCost:
+    """The draft's seconds per token of text it reads in bulk (prompts, the text of plain steps): seconds over
+    tokens of the last `window` reads together, so the large reads, timed best, weigh most."""
+    window: int = 8
+    reads: deque = field(default_factory=lambda: deque(maxlen=8))   # (tokens, seconds)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.reads.append((tokens, max(seconds, 0.0)))
+
+    def seconds(self, tokens: int) -> float:
+        """0 until a read is measured (drafting is then priced as if the text were read already)."""
+        total_tokens = sum(t for t, _ in self.reads)
+        return tokens * sum(s for _, s in self.reads) / total_tokens if total_tokens else 0.0
+
+
 def one_forward_per_token(num_tokens: int) -> int:
     return num_tokens
 
@@ -141,6 +161,7 @@ class AdaptiveSpeculation:
     acceptance: AcceptanceEstimate = None
     target_cost: MedianCost = field(default_factory=MedianCost)     # target forward + head, by tokens read
     draft_cost: MedianCost = field(default_factory=MedianCost)      # one draft forward + head, by rows
+    read_cost: ReadCost = field(default_factory=ReadCost)           # the draft reading text it has not read
     # k -> seconds per step outside the model forwards (running mean): a drafting step's host work (verifying
     # k + 1 positions, every row's re-sync) is not a plain step's (a backlog append), and one mean for both made
     # drafting look cheap at large batches.
@@ -155,13 +176,17 @@ class AdaptiveSpeculation:
         if self.acceptance is None:
             self.acceptance = AcceptanceEstimate(self.max_k)
 
-    def expected_rates(self, rows: int) -> list[float]:
-        """Expected tokens per second of a step over `rows` rows drafting k each, for k = 0..max_k (every step)."""
+    def expected_rates(self, rows: int, unread_tokens: int = 0, remaining_tokens: float = float("inf")
+                       ) -> list[float]:
+        """Expected tokens per second of a step over `rows` rows drafting k each, for k = 0..max_k (every step).
+        unread_tokens: text the draft must read before it drafts for these rows; remaining_tokens: the tokens a row
+        is still expected to write (the read is spread over the steps that take)."""
         draft_seconds = self.draft_cost.seconds(rows)
+        read_seconds = self.read_cost.seconds(unread_tokens) / max(remaining_tokens, 1.0)   # per token written
         rates = []
         for k, tokens in enumerate(self.acceptance.expected_tokens_upto(self.max_k)):
             seconds = (self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds
-                       + self._host(k))
+                       + self._host(k) + (read_seconds * tokens if k else 0.0))
             rates.append(rows * tokens / seconds if seconds > 0 else float("inf"))
         return rates
 
@@ -173,10 +198,10 @@ class AdaptiveSpeculation:
         pool = [j for j in self.host_seconds if (j > 0) == (k > 0)] or list(self.host_seconds)
         return self.host_seconds[min(pool, key=lambda j: (abs(j - k), j))] if pool else 0.0
 
-    def choose(self, rows: int) -> int:
+    def choose(self, rows: int, unread_tokens: int = 0, remaining_tokens: float = float("inf")) -> int:
         if not self.draft_cost.estimates:   # the draft's cost is unknown until a step drafts: measure it first
             return self._chose(self.max_k)
-        rates = self.expected_rates(rows)
+        rates = self.expected_rates(rows, unread_tokens, remaining_tokens)
         best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
         if best:
             self._steps_without_drafting, self._probe_after = 0, PROBE_AFTER
@@ -194,14 +219,22 @@ class AdaptiveSpeculation:
 
     def observe_step(self, rows: int, k: int, num_accepted: list[int], draft_seconds: float | None,
                      target_seconds: float, host_seconds: float, num_drafted: list[int] | None = None,
-                     width: int | None = None, draft_rows: int | None = None) -> None:
+                     width: int | None = None, draft_rows: int | None = None, read_tokens: int = 0) -> None:
         """What a step of `rows` rows drafting k accepted, and the measured seconds of its parts (draft_seconds
         None: the draft also read new prompts this step, so its time says nothing of a draft step's cost).
         num_drafted: each row's own count where it differs from k; width: the drafts per row the target read
-        (default k; fewer when every row proposed fewer); draft_rows: the rows the draft ran for (default all)."""
+        (default k; fewer when every row proposed fewer); draft_rows: the rows the draft ran for (default all);
+        read_tokens: the unread text the draft read in this step (its time, beyond the step's draft forwards at
+        their known cost, prices reading)."""
+        drafting_rows = rows if draft_rows is None else draft_rows
+        if k and read_tokens >= drafting_rows and draft_seconds is not None:   # a token a row or more: a read
+            if self.draft_cost.estimates:
+                forwards = self.draft_forwards(k) * self.draft_cost.seconds(drafting_rows)
+                self.read_cost.observe(read_tokens, draft_seconds - forwards)
+            draft_seconds = None   # a step that read text says nothing of a draft step's own cost
         self.acceptance.observe([k] * rows if num_drafted is None else num_drafted, num_accepted)
         self.target_cost.observe(rows * ((k if width is None else width) + 1), target_seconds)
         if k and draft_seconds is not None:
-            self.draft_cost.observe(rows if draft_rows is None else draft_rows, draft_seconds / self.draft_forwards(k))
+            self.draft_cost.observe(drafting_rows, draft_seconds / self.draft_forwards(k))
         previous = self.host_seconds.get(k)
         self.host_seconds[k] = host_seconds if previous is None else 0.9 * previous + 0.1 * host_seconds

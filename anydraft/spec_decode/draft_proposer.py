@@ -73,6 +73,14 @@ class DraftModelProposer:
         """The pending tokens and the first draft in one forward, then one per further draft."""
         return num_tokens
 
+    def unread_tokens(self, rows: list[int]) -> int:
+        """The prompts of rows that joined since the last propose, and the text of plain steps since (counted in
+        target tokens: about as many draft tokens)."""
+        wanted = set(rows)
+        prompts = sum(len(self.states[r].draft_ids) for r in self.unfilled_rows if r in wanted)
+        return prompts + sum(len(ids) for backlog_rows, new_ids in self.backlog
+                             for r, ids in zip(backlog_rows, new_ids) if r in wanted)
+
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens
         runner, self.num_proposed = self.runner, k

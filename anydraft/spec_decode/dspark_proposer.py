@@ -65,6 +65,10 @@ class DSparkProposer:
         self.module.write_context(context, self.cache, self.cache.window(rows, width, counts))
         self.cache.advance(rows, counts)
 
+    def unread_tokens(self, rows: list[int]) -> int:
+        """The verified entries are read at observe (host work of the step), never by a proposal."""
+        return 0
+
     def draft_forwards(self, num_tokens: int) -> int:
         """One block forward drafts them all (the Markov bias between slots is rank-r, not a forward)."""
         return 1 if num_tokens else 0

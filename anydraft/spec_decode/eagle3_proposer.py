@@ -67,6 +67,10 @@ class Eagle3Proposer:
         for b, (row, count) in enumerate(zip(rows, counts)):
             self.carried[row] = out[b, count - 1]                  # what the first draft step reads [hidden]
 
+    def unread_tokens(self, rows: list[int]) -> int:
+        """The verified entries are read at observe (host work of the step), never by a proposal."""
+        return 0
+
     def draft_forwards(self, num_tokens: int) -> int:
         """A head per draft and a layer forward between drafts (the verified entries are read at observe, outside
         the proposal): about one layer-and-head per drafted token."""

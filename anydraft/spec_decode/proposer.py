@@ -70,6 +70,10 @@ class Proposer(Protocol):
         """Draft forwards a proposal of num_tokens costs (adaptive k's cost model scales the measured cost of
         one by this): num_tokens for a draft that writes one token per forward, 1 for one that writes a block."""
 
+    def unread_tokens(self, rows: list[int]) -> int:
+        """Tokens of text the next proposal for `rows` reads beyond a drafting step's own (the prompts of rows that
+        joined, the text of plain steps): adaptive k prices reading them. 0 for a proposer that reads in observe."""
+
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
         """new_target_ids[i]: the tokens appended to row i's target sequence since the last call. After
         verification: the num_accepted[i] accepted proposals, then the recovered or bonus token. After
@@ -92,6 +96,9 @@ class NoDraftProposer:
         pass
 
     def draft_forwards(self, num_tokens):
+        return 0
+
+    def unread_tokens(self, rows):
         return 0
 
     def propose(self, rows, sampling, num_tokens=None):

@@ -63,6 +63,9 @@ class SlemProposer:
         self.target_tails.pop(row, None)
         self.written.pop(row, None)
 
+    def unread_tokens(self, rows: list[int]) -> int:
+        return self.writer.unread_tokens(rows)
+
     def draft_forwards(self, num_tokens: int) -> int:
         """The draft writes one token more than it proposes (see propose)."""
         return self.writer.draft_forwards(num_tokens + 1) if num_tokens else 0

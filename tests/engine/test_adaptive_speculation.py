@@ -20,7 +20,7 @@ def random_k(monkeypatch):
         chooser = random.Random(seed)
         choices = []
 
-        def choose(rows: int) -> int:
+        def choose(rows: int, *reading) -> int:
             choices.append(chooser.randint(0, llm.engine.k))
             return choices[-1]
         monkeypatch.setattr(llm.engine.speculation, "choose", choose)
@@ -62,7 +62,7 @@ def test_text_of_plain_steps_is_read_at_the_next_draft_as_if_read_at_once(ckpts,
 
     def run():
         steps = iter(([0] * 7 + [3, 1]) * 40)
-        monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows: next(steps))
+        monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows, *reading: next(steps))
         outputs = llm.generate(prompts[:5], [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
         return [(o.outputs[0].token_ids, o.metrics["num_accepted"], o.metrics["num_drafted"]) for o in outputs]
 
@@ -105,7 +105,7 @@ def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch
     engine, speculation, proposer = llm.engine, llm.engine.speculation, llm.engine.proposer
     chooser = random.Random(1)
 
-    def choose(rows: int) -> int:
+    def choose(rows: int, *reading) -> int:
         k = chooser.choice([0, 0, 1, 2, 3])
         speculation.probing = bool(k) and chooser.random() < 0.6
         return k
@@ -131,3 +131,29 @@ def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch
         assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
     assert any(rows > 1 and drafting == 1 and k for rows, drafting, k in drafted_for)        # one-row probes
     assert any(rows > 1 and drafting == rows and k for rows, drafting, k in drafted_for)     # whole-batch drafts
+
+
+def test_the_choice_is_told_what_the_draft_has_yet_to_read_and_what_the_rows_may_still_write(ckpts, llms, prompts,
+                                                                                            monkeypatch):
+    """Before the first draft the draft has the prompts to read; a drafting step leaves nothing unread; each plain
+    step leaves its one token per row; the rows' remaining tokens are their max_tokens left. The time of a step
+    that read text prices reading (per token), not a draft forward."""
+    llm = llms.get(ckpts.qwen3_target, ckpts.llama2_draft, k=3, max_num_seqs=2, adaptive=True)
+    speculation = llm.engine.speculation
+    speculation.read_cost.reads.clear()
+    told, plan = [], iter([3, 3, 0, 0, 0, 3] + [3] * 40)
+
+    def choose(rows, unread_tokens, remaining_tokens):
+        told.append((rows, unread_tokens, remaining_tokens))
+        return next(plan)
+    monkeypatch.setattr(speculation, "choose", choose)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=30))
+    proposer = llm.engine.proposer
+    prompt_draft_tokens = sum(len(proposer.vocab.sync.start(p, llm.engine.tokenizer.encode(p)).draft_ids)
+                              for p in prompts[:2])
+    # the prompts and their first tokens (from the prompts' forward), as many target tokens left to write
+    assert told[0] == (2, prompt_draft_tokens + 2, 29)
+    assert [unread for _, unread, _ in told[1:6]] == [0, 0, 2, 4, 6]
+    assert told[1][2] < 29 and all(a[2] >= b[2] for a, b in zip(told, told[1:]))
+    # the 6-token backlog read at step 6 was timed as reading (the prompts' read at step 1 preceded any draft cost)
+    assert [tokens for tokens, _ in speculation.read_cost.reads] == [6]

@@ -180,7 +180,7 @@ def test_coupled_draws_stay_exact_when_probes_draft_for_one_row(target, tli_draf
               speculative_config={"model": str(tli_draft), "num_speculative_tokens": 3})
     speculation, chooser = llm.engine.speculation, random.Random(5)
 
-    def choose(rows: int) -> int:
+    def choose(rows: int, *reading) -> int:
         k = chooser.randint(0, 3)
         speculation.probing = k > 0
         return k

@@ -206,3 +206,29 @@ def test_a_drafting_step_pays_its_own_host_work():
     assert spec._host(0) == pytest.approx(0.0002) and spec._host(2) == pytest.approx(0.012)
     rates = spec.expected_rates(64)
     assert max(range(6), key=rates.__getitem__) == 0
+
+
+def test_reading_new_prompts_is_spread_over_the_tokens_left_to_write():
+    """A draft that earns ~40% per step: worth starting when the rows have hundreds of tokens left to write, not
+    when they have a few, since the draft must first read their 1600 prompt tokens (1 ms each, 1.6 s)."""
+    spec = _calibrated(0.100, 0.0, 0.002, 0.0, accept_all=True, max_k=3)
+    spec.observe_step(16, 3, [3] * 16, draft_seconds=3 * 0.002 + 1.6, target_seconds=0.1, host_seconds=0.0,
+                      read_tokens=1600)
+    assert spec.read_cost.seconds(1600) == pytest.approx(1.6)
+    assert spec.draft_cost.seconds(16) == pytest.approx(0.002)   # the reading step did not price a draft forward
+    assert spec.choose(rows=16, unread_tokens=1600, remaining_tokens=500) == 3
+    assert spec.choose(rows=16, unread_tokens=1600, remaining_tokens=8) == 0
+    assert spec.choose(rows=16, unread_tokens=0, remaining_tokens=8) == 3       # read already: drafting pays
+    # the rule: over R tokens left, reading costs read / R per token a row writes
+    rates = spec.expected_rates(16, 1600, 8)
+    tokens = spec.acceptance.expected_tokens(3)
+    assert rates[3] == pytest.approx(16 * tokens / (0.1 + 3 * 0.002 + 1.6 / 8 * tokens))
+
+
+def test_a_read_before_the_draft_cost_is_known_prices_nothing():
+    """The first drafting step reads prompts before any draft forward was timed: its time is neither a draft
+    forward's cost nor (without one to subtract) a reading cost."""
+    spec = AdaptiveSpeculation(3)
+    spec.target_cost.observe(1, 0.01)
+    spec.observe_step(4, 3, [3] * 4, draft_seconds=0.9, target_seconds=0.01, host_seconds=0.0, read_tokens=400)
+    assert not spec.draft_cost.estimates and spec.read_cost.seconds(400) == 0.0
