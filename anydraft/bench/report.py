@@ -72,6 +72,13 @@ def markdown_table(result: dict) -> str:
                      f"{bandwidth['threads']} threads), so a batch-1 decode step takes at least "
                      f"{roofline['target_weight_bytes'] / bandwidth['bytes_per_second'] * 1e3:.1f} ms. Target alone: "
                      + "; ".join(_roofline_row(row) for row in roofline["target_alone"]))
+        interleaved = bandwidth.get("interleaved")
+        if interleaved and interleaved["pairs"]:
+            lines.append("")
+            lines.append(f"Roofline, alternating ({interleaved['pairs']} anydraft target-alone decode steps, each "
+                         f"followed by that GEMV): step {interleaved['step_seconds_median'] * 1e3:.1f} ms, GEMV "
+                         f"{interleaved['gemv_seconds_median'] * 1e3:.1f} ms (medians): the step reaches "
+                         f"**{interleaved['fraction_of_bound_median']:.0%}** of the bound (median of the pairs).")
     startups = [(run["name"], run["startup_seconds"]) for run in result["runs"] if run.get("startup_seconds")]
     if startups:
         lines.append("")

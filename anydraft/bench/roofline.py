@@ -5,41 +5,81 @@ token. The bandwidth is measured the same way a decode step reads: one GEMV (mat
 matrix of as many bytes as the target's weights, in the bench's dtype and thread count, median of a few runs,
 by every GEMV at hand (torch's, anydraft's native bf16 head kernel on the row-major matrix, and the native body's
 kernel on the matrix packed for AMX tiles, where each runs): the bound is the fastest of them, since a slower
-GEMV gives a bound a decode can beat (torch's bf16 GEMV reads far below what the memory delivers).
+GEMV gives a bound a decode can beat (torch's bf16 GEMV reads far below what the memory delivers). anydraft's
+own decode steps are also timed alternately with that GEMV (`decode_steps`), the headline share of the bound.
 """
 from __future__ import annotations
 
 import statistics
 import time
+from typing import Callable, Iterable
 
 import torch
 
 
+READERS = ("torch.mm", "anydraft native head_logits", "anydraft native body (AMX tiles)")
+
+
+def _reader(name: str, rows: int, columns: int, dtype: torch.dtype, native) -> Callable[[], object] | None:
+    """One GEMV over its own [rows, columns] matrix (written once, so every page is resident before timing), or
+    None where it does not run here. Each holds its matrix alone, so two copies never sit in memory at once."""
+    vector = torch.ones(1, columns, dtype=dtype)
+    if name == "torch.mm":
+        matrix = torch.ones(rows, columns, dtype=dtype)
+        return lambda: torch.mm(matrix, vector.t())
+    if native is None:
+        return None
+    if name == "anydraft native head_logits":
+        matrix = torch.ones(rows, columns, dtype=dtype)
+        return lambda: native.head_logits(vector, matrix)
+    packed = native.pack_body_weight(torch.ones(rows, columns, dtype=dtype))   # None where AMX tiles do not run
+    return None if packed is None else (lambda: native.body_linear(vector, packed, rows))
+
+
 @torch.inference_mode()
 def measure_bandwidth(num_bytes: int, dtype: torch.dtype, warmup: int = 2, repeats: int = 5,
-                      columns: int = 4096) -> dict:
+                      columns: int = 4096, decode_steps: Iterable[float] | None = None) -> dict:
     """{'bytes', 'seconds', 'bytes_per_second', 'gemv', 'readers'} of the fastest GEMV over one
-    [num_bytes / (columns * itemsize), columns] matrix; 'readers' holds each GEMV's own seconds."""
+    [num_bytes / (columns * itemsize), columns] matrix; 'readers' holds each GEMV's own seconds.
+
+    decode_steps: the seconds of decode steps as they are taken (a generator that runs them): each is followed by
+    one fastest GEMV, and 'interleaved' gets the pairs' medians. This machine's bandwidth swings by half within
+    minutes, so a bound measured before the decoding can sit far from the one the decoding met; alternated step
+    by step, the two read memory under the same conditions."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     rows = max(1, num_bytes // (columns * itemsize))
-    matrix = torch.ones(rows, columns, dtype=dtype)   # written once, so every page is resident before timing
-    vector = torch.ones(1, columns, dtype=dtype)
-    readers = {"torch.mm": lambda: torch.mm(matrix, vector.t())}
     native = _native_extension() if dtype == torch.bfloat16 else None
-    if native is not None:
-        readers["anydraft native head_logits"] = lambda: native.head_logits(vector, matrix)
-    seconds_by_reader = {name: _median_seconds(gemv, warmup, repeats) for name, gemv in readers.items()}
-    packed = None if native is None else native.pack_body_weight(matrix)   # None where AMX tiles do not run
-    if packed is not None:
-        del matrix, readers   # only the packing holds both copies; the timing holds the packed one alone
-        seconds_by_reader["anydraft native body (AMX tiles)"] = _median_seconds(
-            lambda: native.body_linear(vector, packed, rows), warmup, repeats)
+    seconds_by_reader = {}
+    for name in READERS:
+        gemv = _reader(name, rows, columns, dtype, native)
+        if gemv is not None:
+            seconds_by_reader[name] = _median_seconds(gemv, warmup, repeats)
+        del gemv
     fastest = min(seconds_by_reader, key=seconds_by_reader.get)
     seconds = seconds_by_reader[fastest]
     size = rows * columns * itemsize
-    return {"bytes": size, "seconds": seconds, "bytes_per_second": size / seconds, "gemv": fastest,
-            "readers": seconds_by_reader, "dtype": str(dtype).split(".")[-1],
-            "threads": torch.get_num_threads(), "repeats": repeats}
+    result = {"bytes": size, "seconds": seconds, "bytes_per_second": size / seconds, "gemv": fastest,
+              "readers": seconds_by_reader, "dtype": str(dtype).split(".")[-1],
+              "threads": torch.get_num_threads(), "repeats": repeats}
+    if decode_steps is not None:
+        result["interleaved"] = _interleave(decode_steps, _reader(fastest, rows, columns, dtype, native))
+    return result
+
+
+def _interleave(decode_steps: Iterable[float], gemv: Callable[[], object]) -> dict:
+    """Each decode step, then one GEMV: medians of both and of their per-pair ratio (GEMV / step = the share of
+    the bound the step reaches)."""
+    steps, gemvs = [], []
+    for step_seconds in decode_steps:
+        start = time.perf_counter()
+        gemv()
+        gemvs.append(time.perf_counter() - start)
+        steps.append(step_seconds)
+    if not steps:
+        return {"pairs": 0}
+    return {"pairs": len(steps), "step_seconds_median": statistics.median(steps),
+            "gemv_seconds_median": statistics.median(gemvs),
+            "fraction_of_bound_median": statistics.median(g / s for g, s in zip(gemvs, steps))}
 
 
 def _median_seconds(gemv, warmup: int, repeats: int) -> float:

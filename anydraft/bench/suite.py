@@ -180,6 +180,18 @@ def _sweep(cfg: BenchConfig, alone: EngineContender, tli_engine, adaptive: Engin
     return rows, summary
 
 
+def _decode_steps(engine, prompts: list[str], params: SamplingParams):
+    """Seconds of each decode step of the target alone over the prompts one at a time (each prompt's forward
+    runs untimed first: a compute-bound GEMM over its tokens, outside the one-read-per-token bound)."""
+    for prompt in prompts:
+        engine.add_request(prompt, params)
+        engine.step()
+        while engine.has_unfinished():
+            start = time.perf_counter()
+            engine.step()
+            yield time.perf_counter() - start
+
+
 def run_bench(cfg: BenchConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     data_dir = gsm8k.data_dir(cfg.data_dir)
@@ -234,7 +246,8 @@ def run_bench(cfg: BenchConfig) -> dict:
     if cfg.batch_size == 1:
         # Before the peers load their own copies of the target: the GEMV needs as many bytes again.
         _log(f"memory bandwidth: one GEMV over {target_bytes / 1e9:.2f} GB (the target's weights)")
-        bandwidth = measure_bandwidth(target_bytes, parse_dtype(cfg.dtype))
+        bandwidth = measure_bandwidth(target_bytes, parse_dtype(cfg.dtype),
+                                      decode_steps=_decode_steps(contenders[0].engine, prompts, params))
     else:
         skipped["roofline"] = ROOFLINE_BATCH_1.format(cfg.batch_size, cfg.batch_size)
     peers = _load_peers(cfg, target.path, infos["tli"]["draft_path"], prompt_target_ids, skipped)

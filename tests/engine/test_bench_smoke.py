@@ -49,6 +49,11 @@ def test_bench_runs_every_anydraft_contender(ckpts):
     assert alone["decode_fraction_of_bound"] == pytest.approx(alone["bound_seconds_per_token"]
                                                               / alone["decode_seconds_per_token"])
     assert "Roofline: memory bandwidth" in markdown_table(result) and "decode alone" in markdown_table(result)
+    # our decode steps alternate with the fastest GEMV: every token after each prompt's first is one pair
+    interleaved = roofline["bandwidth"]["interleaved"]
+    tokens = result["runs"][0]["generated_tokens"]
+    assert interleaved["pairs"] == tokens - 2 and interleaved["fraction_of_bound_median"] > 0
+    assert "Roofline, alternating" in markdown_table(result)
     json.dumps(result)   # the JSON file must serialize
 
 
