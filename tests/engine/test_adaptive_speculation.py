@@ -7,6 +7,7 @@ import random
 import pytest
 
 from anydraft.config import SamplingParams
+from anydraft.spec_decode.adaptive import MedianCost, ReadCost
 
 from tiny_models import reference_greedy
 
@@ -140,11 +141,15 @@ def test_the_choice_is_told_what_the_draft_has_yet_to_read_and_what_the_rows_may
     that read text prices reading (per token), not a draft forward."""
     llm = llms.get(ckpts.qwen3_target, ckpts.llama2_draft, k=3, max_num_seqs=2, adaptive=True)
     speculation = llm.engine.speculation
-    speculation.read_cost.reads.clear()
+    # a fresh model of the draft's costs (the LLM is shared with other tests): the first read precedes any draft cost
+    monkeypatch.setattr(speculation, "read_cost", ReadCost())
+    monkeypatch.setattr(speculation, "draft_cost", MedianCost())
     told, plan = [], iter([3, 3, 0, 0, 0, 3] + [3] * 40)
 
     def choose(rows, unread_tokens, remaining_tokens):
         told.append((rows, unread_tokens, remaining_tokens))
+        running = sorted(llm.engine.running)   # the count kept for all rows agrees with each row's own text
+        assert sum(llm.engine.proposer.unread_tokens([row]) for row in running) == unread_tokens
         return next(plan)
     monkeypatch.setattr(speculation, "choose", choose)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=30))
