@@ -31,7 +31,6 @@ class DraftModelProposer:
         # Text that steps without drafting appended, as (rows, new_target_ids) per observe: read at the next propose
         # that drafts, so a run of plain target steps costs O(1) host work per step here, not a re-sync per row.
         self.backlog: list[tuple[list[int], list[list[int]]]] = []
-        self.backlog_tokens = 0   # target tokens in the backlog, all rows together (what unread_tokens counts)
         self.device = runner.device
 
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
@@ -47,7 +46,6 @@ class DraftModelProposer:
         # The row may be reused at once: its backlog must not reach the next request's state.
         self.backlog = [([r for r in rows if r != row], [t for r, t in zip(rows, ids) if r != row])
                         for rows, ids in self.backlog]
-        self.backlog_tokens = sum(len(t) for _, ids in self.backlog for t in ids)
         if row in self.unfilled_rows:
             self.unfilled_rows.remove(row)
         self.runner.cache.reset(row)
@@ -76,14 +74,12 @@ class DraftModelProposer:
         return num_tokens
 
     def unread_tokens(self, rows: list[int]) -> int:
-        """The prompts of rows that joined since the last propose, and the text of plain steps since (counted in
-        target tokens: about as many draft tokens)."""
+        """The prompts of rows that joined since the last propose, in draft tokens. Not the backlog of plain steps:
+        a run that alternates plain and drafting steps reads one every time it drafts, a recurring cost that the
+        draft forwards' own measured times carry (priced as a one-off read, it made drafting after plain steps look
+        cheap, and adaptive drafted at batch 64 where the target alone was faster)."""
         wanted = set(rows)
-        prompts = sum(len(self.states[r].draft_ids) for r in self.unfilled_rows if r in wanted)
-        if wanted.issuperset(self.states):   # every row: the running count (a long plain run's backlog is long)
-            return prompts + self.backlog_tokens
-        return prompts + sum(len(ids) for backlog_rows, new_ids in self.backlog
-                             for r, ids in zip(backlog_rows, new_ids) if r in wanted)
+        return sum(len(self.states[r].draft_ids) for r in self.unfilled_rows if r in wanted)
 
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens
@@ -162,7 +158,6 @@ class DraftModelProposer:
         k = self.num_proposed
         if k == 0:   # nothing proposed since the last observe: nothing in the cache to keep or drop yet
             self.backlog.append((rows, new_target_ids))
-            self.backlog_tokens += sum(map(len, new_target_ids))
             return
         for row, accepted, target_ids in zip(rows, num_accepted, new_target_ids):
             # After propose the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host.
@@ -173,7 +168,7 @@ class DraftModelProposer:
         for rows, new_target_ids in self.backlog:
             for row, target_ids in zip(rows, new_target_ids):
                 self._extend(row, target_ids, [])
-        self.backlog, self.backlog_tokens = [], 0
+        self.backlog = []
 
     def _extend(self, row: int, target_ids: list[int], fed_accepted: list[int]) -> None:
         """Append target tokens to the row's draft text; the cache keeps the prefix that re-sync left unchanged
