@@ -226,17 +226,17 @@ class Engine:
         counts = proposal.num_draft_tokens or [width] * len(rows)
         row_drafts = [min(r.params.max_draft_tokens(width), n) for r, n in zip(step_requests, counts)]  # may cap
         t1 = time.perf_counter()
-        target_out = self._target_forward(rows, proposal, sampling)          # greedy ids or logits, see below
+        target_out = self._target_forward(rows, proposal, sampling, row_drafts)   # greedy ids or logits, see below
         t2 = time.perf_counter()
         verdict = self._verify(target_out, proposal, sampling, row_drafts)
         num_accepted, new_target_ids = self._fetch_to_host(verdict)                        # the one sync
-        self.target.cache.rewind(rows, [width - n for n in num_accepted])
+        self.target.cache.rewind(rows, [drafted - n for drafted, n in zip(row_drafts, num_accepted)])
         self.proposer.observe(rows, num_accepted, new_target_ids)
         self._record(step_requests, row_drafts, num_accepted, new_target_ids)
         t3 = time.perf_counter()
         if self.speculation is not None:
             self.speculation.observe_step(len(rows), k, num_accepted, t1 - t0, t2 - t1, t3 - t2,
-                                          row_drafts, width, len(drafting), read_tokens)
+                                          row_drafts, len(rows) + sum(row_drafts), len(drafting), read_tokens)
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0
@@ -282,18 +282,40 @@ class Engine:
             counts[i] = n
         return Proposal(draft_target_ids, None, num_draft_tokens=counts)                 # [B, width], ragged
 
-    def _target_forward(self, rows: list[int], proposal: Proposal, sampling: SamplingBatch | None) -> torch.Tensor:
-        """The target over [last verified token, k drafts]: its greedy ids [B, k+1] when every row is greedy
+    def _target_forward(self, rows: list[int], proposal: Proposal, sampling: SamplingBatch | None,
+                        row_drafts: list[int]) -> torch.Tensor:
+        """The target over [last verified token, the row's drafts]: its greedy ids [B, k+1] when every row is greedy
         (the runner need not compute all logits for an argmax); with nothing drafted, its drawn ids [B, 1] where the
-        runner samples natively (nor does a draw need them); else its logits [B, k+1, V_target]."""
+        runner samples natively (nor does a draw need them); else its logits [B, k+1, V_target]. A row that drafts
+        fewer than k (a probe's other rows, an opted-out or capped request) reads only its own drafts: a one-row
+        probe at batch 64 verified 64 x (k+1) tokens for the k of one row. Positions past a row's drafts hold
+        nothing that verification reads (ids 0, or the logits of a zero state)."""
         last = host_to_device([[self.last_target_id[r]] for r in rows], self.target.device, torch.long)
         target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
-        hidden = self.target.forward(rows, target_input)
+        width = target_input.shape[1]
+        num_new = None if all(n + 1 == width for n in row_drafts) else [n + 1 for n in row_drafts]
+        hidden = self.target.forward(rows, target_input, num_new)                                  # [B, k+1, hidden]
+        if sampling is not None and sampling.keys is None:
+            return self.target.logits(hidden)
+        read = None
+        if num_new is not None:   # only the positions read go through the head, each as its own row
+            read = host_to_device([b * width + s for b, n in enumerate(num_new) for s in range(n)],
+                                  hidden.device, torch.long)                                       # [N]
+            hidden = hidden.reshape(-1, 1, hidden.shape[-1])[read]                                 # [N, 1, hidden]
         if sampling is None:
-            return self.target.greedy_ids(hidden)
-        if sampling.keys is not None:   # coupled: the target's own draw at every position
-            return self.target.sample_ids(hidden, sampling.temperature, sampling.keys[:, :target_input.shape[1]])
-        return self.target.logits(hidden)
+            ids = self.target.greedy_ids(hidden)
+        else:   # coupled: the target's own draw at every position
+            keys = sampling.keys[:, :width]
+            temperature = sampling.temperature
+            if read is not None:
+                temperature = temperature.repeat_interleave(host_to_device(num_new, hidden.device, torch.long))
+                keys = keys.reshape(-1, 1)[read]                                                   # [N, 1]
+            ids = self.target.sample_ids(hidden, temperature, keys)
+        if read is None:
+            return ids                                                                             # [B, k+1]
+        out = torch.zeros(len(rows) * width, dtype=ids.dtype, device=ids.device)
+        out[read] = ids.reshape(-1)
+        return out.reshape(len(rows), width)
 
     def _samples_natively(self, sampling: SamplingBatch) -> bool:
         """The target's own draw needs no probabilities: a native sampling head and full-softmax rows (else the

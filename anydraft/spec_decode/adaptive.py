@@ -226,11 +226,12 @@ class AdaptiveSpeculation:
 
     def observe_step(self, rows: int, k: int, num_accepted: list[int], draft_seconds: float | None,
                      target_seconds: float, host_seconds: float, num_drafted: list[int] | None = None,
-                     width: int | None = None, draft_rows: int | None = None, read_tokens: int = 0) -> None:
+                     target_tokens: int | None = None, draft_rows: int | None = None, read_tokens: int = 0) -> None:
         """What a step of `rows` rows drafting k accepted, and the measured seconds of its parts (draft_seconds
         None: the draft also read new prompts this step, so its time says nothing of a draft step's cost).
-        num_drafted: each row's own count where it differs from k; width: the drafts per row the target read
-        (default k; fewer when every row proposed fewer); draft_rows: the rows the draft ran for (default all);
+        num_drafted: each row's own count where it differs from k; target_tokens: the tokens the verification
+        forward read (default rows * (k + 1); fewer where rows drafted fewer); draft_rows: the rows the draft ran
+        for (default all);
         read_tokens: the new prompts' tokens the draft read in this step (its time, beyond the step's draft forwards
         at their known cost, prices reading)."""
         drafting_rows = rows if draft_rows is None else draft_rows
@@ -240,7 +241,7 @@ class AdaptiveSpeculation:
                 self.read_cost.observe(read_tokens, draft_seconds - forwards)
             draft_seconds = None   # a step that read text says nothing of a draft step's own cost
         self.acceptance.observe([k] * rows if num_drafted is None else num_drafted, num_accepted)
-        self.target_cost.observe(rows * ((k if width is None else width) + 1), target_seconds)
+        self.target_cost.observe(rows * (k + 1) if target_tokens is None else target_tokens, target_seconds)
         if k and draft_seconds is not None:
             self.draft_cost.observe(drafting_rows, draft_seconds / self.draft_forwards(k))
         previous = self.host_seconds.get(k)

@@ -160,3 +160,24 @@ def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_
     [joined] = [unread for _, unread, _ in told[5:] if unread]   # its prompt, and its first token re-synced onto it
     assert draft_tokens[2] < joined <= draft_tokens[2] + 4
     assert [tokens for tokens, _ in speculation.read_cost.reads] == [joined]
+
+
+def test_rows_that_draft_fewer_are_verified_over_their_own_drafts_only(ckpts, llms, prompts, monkeypatch):
+    """An opted-out request (0 drafts) and a capped one (1) beside rows drafting 3: the verification forward reads
+    1, 2 and 4 tokens of them (no compute on positions nobody drafted), and every output is the target alone's."""
+    target_dir = ckpts.qwen3_target
+    llm = llms.get(target_dir, ckpts.llama2_draft, k=3, max_num_seqs=3, adaptive=False)
+    runner = llm.engine.target
+    forward, reads = runner.forward, []
+
+    def recording(rows, input_ids, num_new=None):
+        reads.append(list(num_new) if num_new is not None else [input_ids.shape[1]] * len(rows))
+        return forward(rows, input_ids, num_new)
+    monkeypatch.setattr(runner, "forward", recording)
+    caps = [None, 0, 1]
+    outputs = llm.generate(prompts[:3], [SamplingParams(temperature=0, max_tokens=12, num_speculative_tokens=cap)
+                                         for cap in caps])
+    for prompt, out in zip(prompts, outputs):
+        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, 12)
+    verifications = [r for r in reads if r == [4, 1, 2]]
+    assert verifications, reads

@@ -158,12 +158,12 @@ def test_a_row_that_drafted_fewer_says_nothing_of_the_positions_it_did_not_draft
     position 3 not tried. Counting it as a rejection dragged the estimate down and stopped drafting for good."""
     spec = AdaptiveSpeculation(4)
     spec.observe_step(rows=2, k=4, num_accepted=[2, 1], draft_seconds=0.004, target_seconds=0.01,
-                      host_seconds=0.0, num_drafted=[2, 4], width=4)
+                      host_seconds=0.0, num_drafted=[2, 4], target_tokens=3 + 5)
     assert spec.acceptance.tried[:4] == [2.0, 2.0, 0.0, 0.0] and spec.acceptance.accepted[:4] == [2.0, 1.0, 0.0, 0.0]
-    assert spec.target_cost.estimates == {10: 0.01}
+    assert spec.target_cost.estimates == {8: 0.01}   # each row's forward read its own drafts and the token before
     spec.observe_step(rows=2, k=4, num_accepted=[1, 1], draft_seconds=0.004, target_seconds=0.006,
-                      host_seconds=0.0, num_drafted=[1, 2], width=2)   # SLEM: the widest row proposed 2
-    assert spec.target_cost.estimates[6] == 0.006
+                      host_seconds=0.0, num_drafted=[1, 2], target_tokens=2 + 3)   # SLEM: rows proposed 1 and 2
+    assert spec.target_cost.estimates[5] == 0.006
 
 def _block_drafter_forwards(num_tokens: int) -> int:
     return 1 if num_tokens else 0
