@@ -246,3 +246,13 @@ def test_a_position_rarely_tried_borrows_the_estimate_of_the_one_before():
         estimate.observe([3] * 10, [3] * 5 + [1] * 5)
     rates = estimate.rates()
     assert rates[1] == pytest.approx(0.5, abs=0.02) and rates[2] == pytest.approx(1.0, abs=0.02)
+
+
+def test_drafting_for_a_batch_tail_does_not_restart_probing_at_full_batch():
+    """Compute-bound at 16 rows, worth drafting at 1 (a batch's last row): the back-off of probes at 16 rows
+    survives the tail's drafting, so the next full batch does not probe every PROBE_AFTER steps again."""
+    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)   # as in the back-off test above
+    full = [spec.choose(rows=16) for _ in range(PROBE_AFTER * 7)]
+    assert spec.choose(rows=1) > 0                                  # the tail drafts
+    after_tail = [spec.choose(rows=16) for _ in range(4 * PROBE_AFTER)]
+    assert sum(1 for k in full if k) == 3 and not any(after_tail[:2 * PROBE_AFTER])
