@@ -14,6 +14,7 @@ from .output_processor import OutputProcessor, TextState
 from .scheduler import Scheduler
 from .tensors import host_to_device
 from .spec_decode.adaptive import AdaptiveSpeculation
+from .spec_decode.calibration import calibrate_target_cost
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
 from .spec_decode.sampling import (RowRandom, draw_keys, draw_noise, draw_uniforms, logits_to_probs,
                                      sample_from_probs)
@@ -22,12 +23,6 @@ from .tokenizer import Tokenizer
 
 # Target tokens per step (decoding rows' k+1 each, the rest prompt chunks) unless the caller says otherwise.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048   # as vLLM: a long prompt goes in 2048-token chunks
-CALIBRATION_CONTEXT_TOKENS = 128        # adaptive's target cost is calibrated at this context (a GSM8K prompt + answer)
-# The calibration forwards read text, not random ids: on random ids the greedy head's screen leaves many rows
-# standing (flat logits), which priced a forward up to 40% dearer than on text and misled the first choices.
-CALIBRATION_TEXT = ("The store sold 48 clips in April and half as many in May, so it sold 48 / 2 = 24 clips in "
-                    "May and 48 + 24 = 72 clips in all. Each box holds 12 pencils; 5 boxes hold 5 * 12 = 60 pencils, "
-                    "and after giving away 15 of them, 60 - 15 = 45 pencils are left. ")
 
 
 @dataclass(eq=False)
@@ -86,7 +81,7 @@ class Engine:
         self._next_id = itertools.count()
         self._probe_turn = 0                # which row the next one-row probe drafts for
         if self.speculation is not None:
-            self._calibrate_target_cost()
+            calibrate_target_cost(self.speculation, self.target, self.tokenizer, self.k, self.max_model_len)
 
     @property
     def running(self) -> dict[int, Request]:
@@ -391,33 +386,6 @@ class Engine:
         request.stats.num_emitted += 1
         self.stats.num_emitted += 1
         self.output.append(request, target_id)      # finish reasons (EOS, length, stop string) and text
-
-    def _calibrate_target_cost(self) -> None:
-        """Time target forwards of 1 and k+1 tokens over one row and over every row (on CALIBRATION_TEXT, caches
-        reset after), so the first steps choose k from this machine's costs; every step then refines them."""
-        rows_all = list(range(self.target.cache.max_batch))
-        # Timed over a context of typical length (attention reads it): forwards over empty caches priced the sizes
-        # that steps rarely re-measure too cheap, and adaptive then drafted where it loses.
-        # Scratch forwards: a hidden-state draft must not receive their states (the target still captures them).
-        sink = self.target.hidden_state_sink
-        if sink is not None:
-            self.target.hidden_state_sink = lambda *states: None
-        context = min(CALIBRATION_CONTEXT_TOKENS, self.max_model_len // 2)
-        text_ids = self.tokenizer.encode(CALIBRATION_TEXT)
-        text_ids = (text_ids * (1 + (context + self.k + 1) // max(len(text_ids), 1)))[:context + self.k + 1]
-        self.target.prefill_rows(rows_all, [text_ids[:context]] * len(rows_all), chunk=context)
-        for rows in ([0], rows_all):
-            for num_new in (1, self.k + 1):
-                ids = torch.tensor([text_ids[context:context + num_new]] * len(rows))
-                for repeat in range(4):   # the first is a warm-up
-                    start = time.perf_counter()
-                    self.target.greedy_ids(self.target.forward(rows, ids.to(self.target.device))).tolist()
-                    if repeat:
-                        self.speculation.target_cost.observe(len(rows) * num_new, time.perf_counter() - start)
-                    self.target.cache.rewind(rows, [num_new] * len(rows))
-        for row in rows_all:
-            self.target.cache.reset(row)
-        self.target.hidden_state_sink = sink
 
     def run(self, progress=None) -> None:
         """Step until every request has finished."""
