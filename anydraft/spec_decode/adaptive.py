@@ -37,6 +37,11 @@ DECAY = 0.98            # per observed step: old evidence fades, so the estimate
 # changes nothing (probing costs at most about 1/interval of throughput), back to the start once drafting wins.
 PROBE_AFTER = 16
 PROBE_AFTER_MAX = 512
+# While drafting, a rival k priced within RIVAL_WITHIN of the best and not chosen for RIVAL_AFTER steps is chosen
+# once: the sizes a step never verifies are priced from forwards timed at load, and an estimate that stays stale
+# kept the grown qwen3 pair at k = 1 (0.86-0.92x fixed k = 3). At most one step in RIVAL_AFTER, within 10%.
+RIVAL_WITHIN = 0.9
+RIVAL_AFTER = 32
 
 
 @dataclass
@@ -180,6 +185,8 @@ class AdaptiveSpeculation:
     # last few rows draft (it pays there); one back-off for every size then sent the next full batch back to probing
     # every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where it never drafted).
     _probes: dict[int, list[int]] = field(default_factory=dict)
+    _last_chosen: dict[int, int] = field(default_factory=dict)    # k -> the step that last chose it
+    _steps: int = 0
 
     def __post_init__(self):
         if self.acceptance is None:
@@ -215,7 +222,9 @@ class AdaptiveSpeculation:
         probes = self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
         if best:
             probes[:] = [0, PROBE_AFTER]
-            return self._chose(best)
+            rivals = [k for k in range(1, self.max_k + 1) if k != best and rates[k] >= RIVAL_WITHIN * rates[best]
+                      and self._steps - self._last_chosen.get(k, -RIVAL_AFTER) >= RIVAL_AFTER]
+            return self._chose(max(rivals, key=lambda k: rates[k]) if rivals else best)
         probes[0] += 1
         if probes[0] < probes[1]:
             return self._chose(0)
@@ -224,6 +233,8 @@ class AdaptiveSpeculation:
 
     def _chose(self, k: int, probe: bool = False) -> int:
         self.history[k] = self.history.get(k, 0) + 1
+        self._steps += 1
+        self._last_chosen[k] = self._steps
         self.probing = probe
         return k
 
