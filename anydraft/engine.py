@@ -9,7 +9,7 @@ import torch
 
 from .config import SamplingParams
 from .metrics import SpecStats
-from .model.runner import ModelRunner
+from .model.runner import ModelRunner, token_places
 from .output_processor import OutputProcessor, TextState
 from .scheduler import Scheduler
 from .tensors import host_to_device
@@ -294,8 +294,7 @@ class Engine:
             return self.target.logits(hidden)
         read = None
         if num_new is not None:   # only the positions read go through the head, each as its own row
-            read = host_to_device([b * width + s for b, n in enumerate(num_new) for s in range(n)],
-                                  hidden.device, torch.long)                                       # [N]
+            read = host_to_device(token_places(num_new, width), hidden.device, torch.long)      # [N]
             hidden = hidden.reshape(-1, 1, hidden.shape[-1])[read]                                 # [N, 1, hidden]
         if sampling is None:
             ids = self.target.greedy_ids(hidden)

@@ -12,6 +12,11 @@ from .native_head import SCREEN_WIDTH, NativeHead
 from .packed_linear import can_pack, pack_linear, pack_linears
 
 
+def token_places(num_new: list[int], seq_len: int) -> list[int]:
+    """The places b * seq_len + s of the real tokens of a right-padded [B, seq_len] batch (row b's first num_new[b])."""
+    return [b * seq_len + s for b, n in enumerate(num_new) for s in range(n)]
+
+
 def unpack_tokens(packed: torch.Tensor,   # [1, T, W]: the kept tokens of a ragged forward
                   kept: torch.Tensor,     # [T] their places b * S + s
                   batch: int, seq_len: int) -> torch.Tensor:  # [B, S, W], zeros elsewhere
@@ -167,7 +172,7 @@ class ModelRunner:
         positions = self.cache.host_positions(rows, seq_len, num_new)
         ragged = num_new is not None and min(num_new) < seq_len
         if ragged:
-            kept = [b * seq_len + s for b, n in enumerate(num_new) for s in range(n)]
+            kept = token_places(num_new, seq_len)
             kept_t = torch.tensor(kept, dtype=torch.long, device=input_ids.device)
             input_ids, slots, positions = (input_ids.reshape(1, -1)[:, kept_t], [rows[m // seq_len] for m in kept],
                                            [positions[m] for m in kept])

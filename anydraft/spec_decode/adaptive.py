@@ -242,7 +242,7 @@ class AdaptiveSpeculation:
                      target_seconds: float, host_seconds: float, num_drafted: list[int] | None = None,
                      target_tokens: int | None = None, draft_rows: int | None = None, read_tokens: int = 0) -> None:
         """What a step of `rows` rows drafting k accepted, and the measured seconds of its parts (draft_seconds
-        None: the draft also read new prompts this step, so its time says nothing of a draft step's cost).
+        None: not timed; a step that read new prompts prices reading with it, not a draft forward).
         num_drafted: each row's own count where it differs from k; target_tokens: the tokens the verification
         forward read (default rows * (k + 1); fewer where rows drafted fewer); draft_rows: the rows the draft ran
         for (default all);
