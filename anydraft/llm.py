@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .config import EngineConfig, SamplingParams, SpeculativeConfig, parse_dtype, resolve_device
 from .engine import Engine
+from .heap import freeze_startup_heap
 from .metrics import SpecStats
 from .model.loader import DEFAULT_TARGET, resolve_model_path
 from .model.runner import ModelRunner
@@ -55,6 +56,7 @@ class LLM:
         adaptive = self.speculative_config is not None and self.speculative_config.adaptive
         self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len, max_num_batched_tokens,
                              adaptive=adaptive)
+        freeze_startup_heap()   # loaded: the collector need not walk what loading built at every full collection
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  progress=None) -> list[RequestOutput]:
