@@ -28,9 +28,15 @@ class DraftModelProposer:
         self.num_proposed = 0   # k of the last propose: what the draft cache holds beyond draft_ids (observe)
         self.states: dict[int, object] = {}
         self.unfilled_rows: list[int] = []  # rows added since the last propose, prompt not in the cache yet
-        # Text that steps without drafting appended, as (rows, new_target_ids) per observe: read at the next propose
-        # that drafts, so a run of plain target steps costs O(1) host work per step here, not a re-sync per row.
-        self.backlog: list[tuple[list[int], list[list[int]]]] = []
+        # Text appended to rows the last propose did not draft for (all rows after a plain step, all but one after a
+        # probe), one {row: new_target_ids} per observe: a row reads its part when it next drafts, in one re-sync
+        # call, so a run of plain target steps costs O(1) host work per step here, and a one-row probe reads one
+        # row's text, not the batch's. backlog[0] is entry number backlog_base; a row has read the entries before
+        # backlog_start[row].
+        self.backlog: list[dict[int, list[int]]] = []
+        self.backlog_base = 0
+        self.backlog_start: dict[int, int] = {}
+        self.drafted_rows: frozenset[int] = frozenset()   # the rows the last propose drafted for
         self.device = runner.device
 
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
@@ -38,14 +44,14 @@ class DraftModelProposer:
         if not state.draft_ids:
             raise ValueError("the draft tokenizer turns this prompt into no tokens; give a non-empty prompt")
         self.states[row] = state
+        self.backlog_start[row] = self.backlog_base + len(self.backlog)   # a reused row's old entries are not its
         self.runner.cache.reset(row)
         self.unfilled_rows.append(row)  # prefilled at the next propose, together with every row joining now
 
     def remove_request(self, row: int) -> None:
         self.states.pop(row, None)
-        # The row may be reused at once: its backlog must not reach the next request's state.
-        self.backlog = [([r for r in rows if r != row], [t for r, t in zip(rows, ids) if r != row])
-                        for rows, ids in self.backlog]
+        self.backlog_start.pop(row, None)   # a request reusing the row starts after the entries there now
+        self._drop_read_backlog()
         if row in self.unfilled_rows:
             self.unfilled_rows.remove(row)
         self.runner.cache.reset(row)
@@ -84,9 +90,10 @@ class DraftModelProposer:
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens
         runner, self.num_proposed = self.runner, k
+        self.drafted_rows = frozenset(rows if k else ())
         if k == 0:   # a plain target step: nothing to write; the draft catches up on the text at its next propose
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
-        self._read_backlog()
+        self._read_backlog(rows)
         joined = [r for r in self.unfilled_rows if r in rows]   # rows not drafting now keep waiting (a probe)
         if joined:
             # One padded forward over the prompts of the rows that joined (all but their last token).
@@ -155,20 +162,36 @@ class DraftModelProposer:
                                    torch.cat(head_probs, dim=1) if head_probs else None)  # [B, k, N_head]
 
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
-        k = self.num_proposed
-        if k == 0:   # nothing proposed since the last observe: nothing in the cache to keep or drop yet
-            self.backlog.append((rows, new_target_ids))
-            return
+        k, drafted = self.num_proposed, self.drafted_rows
+        self.drafted_rows = frozenset()   # a later observe (rows joining) follows no propose
+        waiting = {row: ids for row, ids in zip(rows, new_target_ids) if row not in drafted}
+        if waiting:   # rows with nothing new in the cache: they read this when they next draft
+            self.backlog.append(waiting)
         for row, accepted, target_ids in zip(rows, num_accepted, new_target_ids):
-            # After propose the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host.
-            self._extend(row, target_ids, [self.vocab.sync.draft_id_of(t) for t in target_ids[:min(accepted, k - 1)]])
+            if row in drafted:   # the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host
+                self._extend(row, target_ids, [self.vocab.sync.draft_id_of(t)
+                                               for t in target_ids[:min(accepted, k - 1)]])
 
-    def _read_backlog(self) -> None:
-        """Re-sync every row on the text appended since it last drafted, in the order it was appended."""
-        for rows, new_target_ids in self.backlog:
-            for row, target_ids in zip(rows, new_target_ids):
-                self._extend(row, target_ids, [])
-        self.backlog = []
+    def _read_backlog(self, rows: list[int] | None = None) -> None:
+        """Re-sync `rows` (default: all) on the text appended since each last drafted, in one call per row (re-sync
+        reads target tokens one at a time, so one call on their concatenation is the calls in turn), then drop
+        the entries every row has read."""
+        end = self.backlog_base + len(self.backlog)
+        for row in self.states if rows is None else rows:
+            start = self.backlog_start.get(row, end)
+            if start < end:
+                target_ids = [t for entry in self.backlog[start - self.backlog_base:] for t in entry.get(row, ())]
+                if target_ids:
+                    self._extend(row, target_ids, [])
+                self.backlog_start[row] = end
+        self._drop_read_backlog()
+
+    def _drop_read_backlog(self) -> None:
+        """Drop the entries every live row has read (or joined after): the backlog spans at most the oldest live
+        request's plain steps."""
+        first_unread = min(self.backlog_start.values(), default=self.backlog_base + len(self.backlog))
+        del self.backlog[:first_unread - self.backlog_base]
+        self.backlog_base = first_unread
 
     def _extend(self, row: int, target_ids: list[int], fed_accepted: list[int]) -> None:
         """Append target tokens to the row's draft text; the cache keeps the prefix that re-sync left unchanged
