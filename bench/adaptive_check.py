@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 from pathlib import Path
 
@@ -53,6 +54,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     extra = [int(b) for b in args.extra_batch_sizes.split(",") if b]
     fixed = [f"fixed k={k}" for k in args.fixed_ks.split(",") if k]
+    if extra and not fixed and not args.target_alone:
+        parser.error("the extra batch sizes need a rival: give --fixed-ks or drop --no-target-alone")
+    if not extra and not args.must_show:
+        parser.error("--no-must-show leaves nothing to run: give --extra-batch-sizes")
     questions = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[:max([args.num_prompts] + extra)]
     all_prompts = [gsm8k.build_prompt(q["question"], [], None, False) for q in questions]
     prompts = all_prompts[:args.num_prompts]
@@ -97,9 +102,8 @@ def main() -> None:
                 rates[(setting, name)].append(tokens[name] / seconds[name])
                 outputs[(setting, name)] = outs[name]
     reference = outputs.get(("batch16", "target alone"))
-    result = {**provenance(torch_threads=args.threads), "command": "python bench/adaptive_check.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
-        "config": vars(args), "runs": {}}
+    result = {**provenance(torch_threads=args.threads), "command": command_line(args), "config": vars(args),
+              "runs": {}}
     for (setting, name), values in rates.items():
         # Greedy is lossless: every contender's outputs equal the target alone's (else the first fixed k's, checked
         # against the target alone in other runs).
@@ -129,6 +133,18 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({"ratios": result["ratios"], **{k: round(v["tokens_per_second_median"], 1)
                                                       for k, v in runs.items()}}, indent=1))
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command that re-runs this one (on/off flags as --x / --no-x, values quoted for the shell)."""
+    words = ["python", "bench/adaptive_check.py"]
+    for key, value in vars(args).items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            words.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
+            words += [flag, shlex.quote(str(value))]
+    return " ".join(words)
 
 
 if __name__ == "__main__":

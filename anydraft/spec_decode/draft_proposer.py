@@ -30,8 +30,8 @@ class DraftModelProposer:
         self.unfilled_rows: list[int] = []  # rows added since the last propose, prompt not in the cache yet
         # Text appended to rows the last propose did not draft for (all rows after a plain step, all but one after a
         # probe), one {row: new_target_ids} per observe: a row reads its part when it next drafts, in one re-sync
-        # call, so a run of plain target steps costs O(1) host work per step here, and a one-row probe reads one
-        # row's text, not the batch's. backlog[0] is entry number backlog_base; a row has read the entries before
+        # call, so a plain target step costs one dict here (no re-sync), and a one-row probe reads one row's text,
+        # not the batch's. backlog[0] is entry number backlog_base; a row has read the entries before
         # backlog_start[row].
         self.backlog: list[dict[int, list[int]]] = []
         self.backlog_base = 0

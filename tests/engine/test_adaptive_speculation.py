@@ -119,12 +119,13 @@ def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch
     propose = proposer.propose
 
     def checked_propose(rows, sampling, num_tokens=None):
-        if num_tokens:
-            proposer._read_backlog(rows)   # what propose reads first: the drafting rows' text (the others wait)
-            expected = {row: proposals_from_scratch(proposer, row)[:num_tokens] for row in rows}
+        # propose reads the drafting rows' text first (the others wait) and writes proposals only to the cache:
+        # after it, each drafting row's sequence is what the draft had to propose from.
         proposal = propose(rows, sampling, num_tokens)
         for i, row in enumerate(rows if num_tokens else []):
-            assert proposal.draft_target_ids[i].tolist() == expected[row], f"row {row}"
+            expected = proposals_from_scratch(proposer, row)[:num_tokens]
+            assert proposal.draft_target_ids[i].tolist() == expected, f"row {row}"
+            assert proposer.backlog_start[row] == proposer.backlog_base + len(proposer.backlog)   # it read it all
         return proposal
     monkeypatch.setattr(proposer, "propose", checked_propose)
     max_tokens = [21, 40, 9, 31, 26]
