@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
+from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
                                           AdaptiveSpeculation, MedianCost, one_forward_per_token)
 
 
@@ -275,3 +275,13 @@ def test_a_rival_k_priced_close_to_the_best_is_retimed_now_and_then():
     assert all(b - a >= RIVAL_AFTER for a, b in zip(rival, rival[1:]))
     plain = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)   # compute-bound: the best is k = 0
     assert [plain.choose(rows=16) for _ in range(PROBE_AFTER - 1)] == [0] * (PROBE_AFTER - 1)
+
+
+def test_drafting_must_beat_the_plain_step_by_a_margin():
+    """A drafting k priced within DRAFT_MARGIN of the plain step is not chosen (its estimate is the noisier one);
+    priced clearly ahead, it is (the two cases differ by 2 tok/s on either side of the margin)."""
+    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True, max_k=2)
+    spec.expected_rates = lambda rows, *reading: [100.0, 100.0 * DRAFT_MARGIN - 1.0, 50.0]
+    assert spec.choose(rows=16) == 0
+    spec.expected_rates = lambda rows, *reading: [100.0, 100.0 * DRAFT_MARGIN + 1.0, 50.0]
+    assert spec.choose(rows=16) == 1
