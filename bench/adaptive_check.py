@@ -16,6 +16,7 @@ import argparse
 import json
 import shlex
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -102,8 +103,8 @@ def main() -> None:
                 rates[(setting, name)].append(tokens[name] / seconds[name])
                 outputs[(setting, name)] = outs[name]
     reference = outputs.get(("batch16", "target alone"))
-    result = {**provenance(torch_threads=args.threads), "command": command_line(args), "config": vars(args),
-              "runs": {}}
+    result = {**provenance(torch_threads=args.threads), "command": shlex.join(["python"] + sys.argv),
+              "config": vars(args), "runs": {}}
     for (setting, name), values in rates.items():
         # Greedy is lossless: every contender's outputs equal the target alone's (else the first fixed k's, checked
         # against the target alone in other runs).
@@ -123,8 +124,8 @@ def main() -> None:
         / runs["batch1 fixed k=3"]["tokens_per_second_median"],
         "batch1 adaptive / target alone": runs["batch1 adaptive k<=5"]["tokens_per_second_median"]
         / runs["batch1 target alone"]["tokens_per_second_median"]} if args.must_show else {}
+    rivals = [*fixed, *alone]
     for b in extra:   # the goal: adaptive >= 0.95 x the better of the target alone and the fixed k
-        rivals = [*fixed, *alone]
         median = {name: runs[f"extra batch{b} {name}"]["tokens_per_second_median"]
                   for name in ("adaptive k<=5", *rivals)}
         result["ratios"][f"batch{b} adaptive / max({', '.join(rivals)})"] = (
@@ -133,18 +134,6 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({"ratios": result["ratios"], **{k: round(v["tokens_per_second_median"], 1)
                                                       for k, v in runs.items()}}, indent=1))
-
-
-def command_line(args: argparse.Namespace) -> str:
-    """The command that re-runs this one (on/off flags as --x / --no-x, values quoted for the shell)."""
-    words = ["python", "bench/adaptive_check.py"]
-    for key, value in vars(args).items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            words.append(flag if value else "--no-" + flag[2:])
-        elif value is not None:
-            words += [flag, shlex.quote(str(value))]
-    return " ".join(words)
 
 
 if __name__ == "__main__":
