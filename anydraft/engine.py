@@ -173,10 +173,8 @@ class Engine:
         for request, target_id in zip(admitted, first_target_ids):
             request.first_token_at = now
             self.last_target_id[request.row] = target_id
-            self._append(request, target_id)
-            if request.finished:
-                self._release(request)
-            else:
+            self._emit(request, [target_id])
+            if not request.finished:
                 self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
                 joined.append(request)
         self.proposer.observe([r.row for r in joined], [0] * len(joined),
@@ -371,20 +369,20 @@ class Engine:
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _record(self, step_requests: list[Request], row_drafts: list[int], num_accepted: list[int],
                 new_target_ids: list[list[int]]) -> None:
+        self.stats.observe_steps(num_accepted, row_drafts)
         for request, drafted, accepted, target_ids in zip(step_requests, row_drafts, num_accepted, new_target_ids):
             request.stats.observe_step(accepted, drafted)
-            self.stats.observe_step(accepted, drafted)
             self.last_target_id[request.row] = target_ids[-1]
-            for target_id in target_ids:
-                self._append(request, target_id)
-                if request.finished:
-                    self._release(request)
-                    break
+            self._emit(request, target_ids)
 
-    def _append(self, request: Request, target_id: int) -> None:
-        request.stats.num_emitted += 1
-        self.stats.num_emitted += 1
-        self.output.append(request, target_id)      # finish reasons (EOS, length, stop string) and text
+    def _emit(self, request: Request, target_ids: list[int]) -> None:
+        """Give the request a step's new tokens (the output processor cuts them where the request ends: EOS,
+        length, stop string) and release its row if it ended."""
+        num_emitted = self.output.extend(request, target_ids)
+        request.stats.num_emitted += num_emitted
+        self.stats.num_emitted += num_emitted
+        if request.finished:
+            self._release(request)
 
     def run(self, progress=None) -> None:
         """Step until every request has finished."""

@@ -28,6 +28,11 @@ class IncrementalDetokenizer:
             return ""
         return self._decoder.decode(self._token_bytes[target_id] or b"")
 
+    def add_many(self, target_ids: list[int]) -> str:
+        """The text of several tokens in one decode: UTF-8 decoding is the same over any split of the bytes."""
+        table, skip, size = self._token_bytes, self._skip_ids, len(self._token_bytes)
+        return self._decoder.decode(b"".join(table[t] or b"" for t in target_ids if t not in skip and t < size))
+
     def flush(self) -> str:
         """The output ended: bytes of an unfinished character become U+FFFD."""
         return self._decoder.decode(b"", final=True)
@@ -86,17 +91,32 @@ class OutputProcessor:
     def start(self, params) -> TextState:
         return TextState(IncrementalDetokenizer(self.token_bytes, self.skip_ids), list(params.stop))
 
-    def append(self, request, target_id: int) -> None:
-        """One more output token; sets request.finish_reason when this token ends the request."""
-        request.output_target_ids.append(target_id)
-        params, state = request.params, request.text_state
-        if target_id in self.eos_ids and not params.ignore_eos:
-            request.finish_reason, request.stop_reason = "stop", target_id
-        elif (len(request.output_target_ids) >= params.max_tokens
-              or len(request.prompt_target_ids) + len(request.output_target_ids) >= self.max_model_len):
-            request.finish_reason = "length"
-        if state.feed(state.detokenizer.add(target_id)) or (request.finish_reason is not None and state.close()):
+    def extend(self, request, target_ids: list[int]) -> int:
+        """A step's new tokens, in order, up to the one that ends the request (EOS, max_tokens or max_model_len,
+        a stop string; a stop string also finishes on the token where it completes); returns how many were kept
+        and sets request.finish_reason when one ends it. Without stop strings the tokens' text is decoded in one
+        call: the step's host work is a few calls per row, not per token."""
+        output, params, state = request.output_target_ids, request.params, request.text_state
+        room = min(params.max_tokens, self.max_model_len - len(request.prompt_target_ids)) - len(output)
+        kept = target_ids[:room]
+        eos_at = None if params.ignore_eos else next((i for i, t in enumerate(kept) if t in self.eos_ids), None)
+        if eos_at is not None:
+            kept = kept[:eos_at + 1]
+        if state.stops:   # which token completes a stop string decides where the output ends
+            stopped = next((n for n, t in enumerate(kept, 1) if state.feed(state.detokenizer.add(t))), None)
+            if stopped is not None:
+                kept = kept[:stopped]
+        else:
+            stopped = state.feed(state.detokenizer.add_many(kept)) or None
+        output.extend(kept)
+        if stopped is None:
+            if eos_at is not None:
+                request.finish_reason, request.stop_reason = "stop", kept[-1]
+            elif len(kept) == room:
+                request.finish_reason = "length"
+        if stopped is not None or (request.finish_reason is not None and state.close()):
             request.finish_reason, request.stop_reason = "stop", state.stopped_by
+        return len(kept)
 
     @staticmethod
     def take_delta(request) -> tuple[str, list[int]]:

@@ -47,6 +47,12 @@ RIVAL_AFTER = 32
 # 5% below k = 0 and the steps measured 0.95x; a process whose estimates put k = 1 ahead drafted on most steps at
 # 0.89x the target alone.
 DRAFT_MARGIN = 1.05
+# A batch size's whole steps, once measured MEASURED_MIN times at a k, price that k instead of the sum of its parts'
+# estimates, and the other ks' prices are scaled by how far the parts were off on the measured ones. Each part's
+# median carries its own noise and the parts miss work between them: at batch 16 on the shipped pair the parts priced
+# k = 1 within a few % of k = 0 where its steps measured 0.84x (18% more seconds per token), and a process whose
+# parts put k = 1 ahead kept drafting (0.89x the target alone).
+MEASURED_MIN = 3
 
 
 @dataclass
@@ -179,6 +185,8 @@ class AdaptiveSpeculation:
     target_cost: MedianCost = field(default_factory=MedianCost)     # target forward + head, by tokens read
     draft_cost: MedianCost = field(default_factory=MedianCost)      # one draft forward + head, by rows
     read_cost: ReadCost = field(default_factory=ReadCost)           # the draft reading new prompts, by tokens
+    # k -> seconds of a whole step by rows (steps that drafted k for every row and read no new prompt)
+    step_cost: dict[int, MedianCost] = field(default_factory=dict)
     # k -> seconds per step outside the model forwards (running mean): a drafting step's host work (verifying
     # k + 1 positions, every row's re-sync) is not a plain step's (a backlog append), and one mean for both made
     # drafting look cheap at large batches.
@@ -204,12 +212,21 @@ class AdaptiveSpeculation:
         is still expected to write (the read is spread over the steps that take)."""
         draft_seconds = self.draft_cost.seconds(rows)
         read_seconds = self.read_cost.seconds(unread_tokens) / max(remaining_tokens, 1.0)   # per token written
-        rates = []
-        for k, tokens in enumerate(self.acceptance.expected_tokens_upto(self.max_k)):
-            seconds = (self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds
-                       + self._host(k) + (read_seconds * tokens if k else 0.0))
-            rates.append(rows * tokens / seconds if seconds > 0 else float("inf"))
-        return rates
+        expected = self.acceptance.expected_tokens_upto(self.max_k)
+        seconds = self._measured([self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds
+                                  + self._host(k) for k in range(self.max_k + 1)], rows)
+        return [rows * tokens / step if (step := s + (read_seconds * tokens if k else 0.0)) > 0 else float("inf")
+                for k, (tokens, s) in enumerate(zip(expected, seconds))]
+
+    def _measured(self, parts_seconds: list[float], rows: int) -> list[float]:
+        """Step seconds for k = 0..max_k at `rows`: measured whole steps where there are MEASURED_MIN of them, else
+        the parts' estimate scaled by the median ratio of measured to parts' seconds over the measured ks."""
+        measured = {k: cost.estimates[rows] for k, cost in self.step_cost.items()
+                    if len(cost.samples.get(rows, ())) >= MEASURED_MIN}
+        if not measured:
+            return parts_seconds
+        scale = statistics.median(measured[k] / parts_seconds[k] if parts_seconds[k] > 0 else 1.0 for k in measured)
+        return [measured.get(k, s * scale) for k, s in enumerate(parts_seconds)]
 
     def _host(self, k: int) -> float:
         """Host seconds of a step drafting k: measured at k, else at the nearest k of the same kind (drafting or
@@ -265,5 +282,8 @@ class AdaptiveSpeculation:
         self.target_cost.observe(rows * (k + 1) if target_tokens is None else target_tokens, target_seconds)
         if k and draft_seconds is not None:
             self.draft_cost.observe(drafting_rows, draft_seconds / self.draft_forwards(k))
+        if (draft_seconds is not None and drafting_rows == rows
+                and (target_tokens is None or target_tokens == rows * (k + 1))):   # a whole step, as priced
+            self.step_cost.setdefault(k, MedianCost()).observe(rows, draft_seconds + target_seconds + host_seconds)
         previous = self.host_seconds.get(k)
         self.host_seconds[k] = host_seconds if previous is None else 0.9 * previous + 0.1 * host_seconds

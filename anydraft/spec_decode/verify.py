@@ -60,6 +60,8 @@ def verify_greedy(target_argmax: torch.Tensor,     # [B, k+1] target's greedy to
     compute them all); greedy verification depends on nothing else.
     """
     num_drafted = draft_target_ids.shape[1]
+    if num_drafted == 0:   # a plain target step: its one token is the target's
+        return VerifyOutput(torch.zeros_like(target_argmax[:, 0]), target_argmax[:, :1], target_argmax[:, 0])
     num_accepted = _accepted_prefix_length(_drafted(target_argmax[:, :num_drafted] == draft_target_ids,
                                                     num_draft_tokens))
     next_ids = target_argmax.gather(1, num_accepted[:, None]).squeeze(1)           # [B]

@@ -1,10 +1,14 @@
 """The output processor: incremental detokenization (partial UTF-8 held back) and stop-string holdback."""
 from __future__ import annotations
 
-from hypothesis import given, settings
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from anydraft.output_processor import IncrementalDetokenizer, TextState
+from anydraft.config import SamplingParams
+from anydraft.output_processor import IncrementalDetokenizer, OutputProcessor, TextState
 
 # Rare characters: even qwen3's large vocabulary spells them in several tokens that are partial UTF-8.
 MULTIBYTE_TEXT = "Prix: 12 € — naïve café, 世界 你好 🙂🚀 and ünïcödé 𝔘𝔫𝔦 ꙮ 🪿🦜 ཀྲ ሰላም\n#### 42"
@@ -97,3 +101,66 @@ def test_holdback_matches_checking_the_whole_text_after_every_piece(pieces, stop
         assert not state.close()
     assert stopped == (expected is not None)
     assert state.text == (expected if expected is not None else "".join(pieces))
+
+
+def _reference_append(processor: OutputProcessor, request, target_id: int) -> None:
+    """The rule token by token: EOS first, then length, then the text (a stop string wins the reason)."""
+    request.output_target_ids.append(target_id)
+    params, state = request.params, request.text_state
+    if target_id in processor.eos_ids and not params.ignore_eos:
+        request.finish_reason, request.stop_reason = "stop", target_id
+    elif (len(request.output_target_ids) >= params.max_tokens
+          or len(request.prompt_target_ids) + len(request.output_target_ids) >= processor.max_model_len):
+        request.finish_reason = "length"
+    if state.feed(state.detokenizer.add(target_id)) or (request.finish_reason is not None and state.close()):
+        request.finish_reason, request.stop_reason = "stop", state.stopped_by
+
+
+def _request(processor: OutputProcessor, params: SamplingParams, prompt_len: int):
+    return SimpleNamespace(output_target_ids=[], params=params, prompt_target_ids=[0] * prompt_len,
+                           text_state=processor.start(params), finish_reason=None, stop_reason=None)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_steps_tokens_at_once_equal_them_one_by_one(qwen3_processor, data):
+    """extend (a step's tokens in one call, text decoded once where no stop string can cut it) ends, cuts and spells
+    the output as the token-by-token rule does: EOS, ignore_eos, max_tokens, max_model_len, stop strings (also
+    completing across steps and on the EOS token), characters split across tokens and steps."""
+    processor, vocabulary = qwen3_processor
+    target_ids = data.draw(st.lists(st.sampled_from(vocabulary), min_size=1, max_size=40))
+    stops = data.draw(st.lists(st.sampled_from(["#", "##", " 4", "é", "🙂🚀", "\n#", "zz"]), max_size=2))
+    params = SamplingParams(temperature=0, max_tokens=data.draw(st.integers(1, 45)), stop=stops,
+                            ignore_eos=data.draw(st.booleans()))
+    prompt_len = data.draw(st.integers(1, 8))
+    steps = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=40))
+    reference, batched = _request(processor, params, prompt_len), _request(processor, params, prompt_len)
+    for target_id in target_ids:
+        _reference_append(processor, reference, target_id)
+        if reference.finish_reason is not None:
+            break
+    at, kept_total = 0, 0
+    for size in steps * 40:
+        if batched.finish_reason is not None or at >= len(target_ids):
+            break
+        kept = processor.extend(batched, target_ids[at:at + size])
+        assert kept == len(batched.output_target_ids) - kept_total and 1 <= kept <= size
+        assert kept == min(size, len(target_ids) - at) or batched.finish_reason is not None   # cut only at the end
+        at, kept_total = at + size, kept_total + kept
+    if batched.finish_reason is None:   # both ran out of tokens unfinished: decide the held text the same way
+        assert reference.finish_reason is None
+        reference.text_state.close(), batched.text_state.close()
+    assert batched.output_target_ids == reference.output_target_ids
+    assert batched.text_state.text == reference.text_state.text
+    assert (batched.finish_reason, batched.stop_reason) == (reference.finish_reason, reference.stop_reason)
+
+
+@pytest.fixture(scope="module")
+def qwen3_processor(load_tokenizer):
+    tokenizer = load_tokenizer("qwen3")
+    processor = OutputProcessor(tokenizer, max_model_len=40)
+    vocabulary = sorted(set(tokenizer.encode(MULTIBYTE_TEXT, add_special_tokens=False)))
+    # Tokens that spell or end a stop string, and EOS, drawn as often as the rest together: most examples then end
+    # inside a step, with tokens after the end to cut.
+    endings = sorted(set(tokenizer.encode(" zz ## 4 #", add_special_tokens=False)) | set(tokenizer.eos_token_ids))
+    return processor, vocabulary + endings * (len(vocabulary) // len(endings))
