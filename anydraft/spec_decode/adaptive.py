@@ -47,12 +47,14 @@ RIVAL_AFTER = 32
 # 5% below k = 0 and the steps measured 0.95x; a process whose estimates put k = 1 ahead drafted on most steps at
 # 0.89x the target alone.
 DRAFT_MARGIN = 1.05
-# A batch size's whole steps, once measured MEASURED_MIN times at a k, price that k instead of the sum of its parts'
-# estimates, and the other ks' prices are scaled by how far the parts were off on the measured ones. Each part's
-# median carries its own noise and the parts miss work between them: at batch 16 on the shipped pair the parts priced
-# k = 1 within a few % of k = 0 where its steps measured 0.84x (18% more seconds per token), and a process whose
-# parts put k = 1 ahead kept drafting (0.89x the target alone).
+# A batch size's whole steps, once MEASURED_MIN of them ran at a k, price that k by their tokens per second (median)
+# instead of the parts' estimates, and the ks not run there are priced by their parts scaled as the measured ones
+# were off. Each part's median carries its own noise and the parts miss work between them: at batch 16 on the
+# shipped pair the parts priced k = 1 within a few % of k = 0 where its steps cost 18% more per token, and a process
+# whose parts put k = 1 ahead kept drafting (0.89x the target alone). A measurement prices its k for MEASURED_FOR
+# steps: then the parts (and the acceptance estimate, which probes keep current) price it again.
 MEASURED_MIN = 3
+MEASURED_FOR = 256
 
 
 @dataclass
@@ -173,6 +175,21 @@ class ReadCost:
         return tokens * sum(s for _, s in self.reads) / total_tokens if total_tokens else 0.0
 
 
+@dataclass
+class StepRates:
+    """Tokens per second of whole steps by (rows, k): the median over the last `window` such steps that are at most
+    MEASURED_FOR steps old, once there are MEASURED_MIN of them."""
+    window: int = 15
+    steps: dict[tuple[int, int], deque] = field(default_factory=dict)   # (rows, k) -> (step number, tokens/s)
+
+    def observe(self, step: int, rows: int, k: int, tokens_per_second: float) -> None:
+        self.steps.setdefault((rows, k), deque(maxlen=self.window)).append((step, tokens_per_second))
+
+    def rate(self, step: int, rows: int, k: int) -> float | None:
+        recent = [rate for n, rate in self.steps.get((rows, k), ()) if step - n < MEASURED_FOR]
+        return statistics.median(recent) if len(recent) >= MEASURED_MIN else None
+
+
 def one_forward_per_token(num_tokens: int) -> int:
     return num_tokens
 
@@ -185,8 +202,8 @@ class AdaptiveSpeculation:
     target_cost: MedianCost = field(default_factory=MedianCost)     # target forward + head, by tokens read
     draft_cost: MedianCost = field(default_factory=MedianCost)      # one draft forward + head, by rows
     read_cost: ReadCost = field(default_factory=ReadCost)           # the draft reading new prompts, by tokens
-    # k -> seconds of a whole step by rows (steps that drafted k for every row and read no new prompt)
-    step_cost: dict[int, MedianCost] = field(default_factory=dict)
+    # whole steps (drafting k for every row, reading no new prompt), by rows and k
+    step_rates: StepRates = field(default_factory=StepRates)
     # k -> seconds per step outside the model forwards (running mean): a drafting step's host work (verifying
     # k + 1 positions, every row's re-sync) is not a plain step's (a backlog append), and one mean for both made
     # drafting look cheap at large batches.
@@ -212,21 +229,24 @@ class AdaptiveSpeculation:
         is still expected to write (the read is spread over the steps that take)."""
         draft_seconds = self.draft_cost.seconds(rows)
         read_seconds = self.read_cost.seconds(unread_tokens) / max(remaining_tokens, 1.0)   # per token written
-        expected = self.acceptance.expected_tokens_upto(self.max_k)
-        seconds = self._measured([self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds
-                                  + self._host(k) for k in range(self.max_k + 1)], rows)
-        return [rows * tokens / step if (step := s + (read_seconds * tokens if k else 0.0)) > 0 else float("inf")
-                for k, (tokens, s) in enumerate(zip(expected, seconds))]
+        parts = []
+        for k, tokens in enumerate(self.acceptance.expected_tokens_upto(self.max_k)):
+            seconds = self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds + self._host(k)
+            parts.append(rows * tokens / seconds if seconds > 0 else float("inf"))
+        # Reading adds read_seconds per token a row writes, i.e. read_seconds / rows per token of the batch.
+        return [1.0 / (1.0 / rate + read_seconds / rows) if k and read_seconds else rate
+                for k, rate in enumerate(self._measured(parts, rows))]
 
-    def _measured(self, parts_seconds: list[float], rows: int) -> list[float]:
-        """Step seconds for k = 0..max_k at `rows`: measured whole steps where there are MEASURED_MIN of them, else
-        the parts' estimate scaled by the median ratio of measured to parts' seconds over the measured ks."""
-        measured = {k: cost.estimates[rows] for k, cost in self.step_cost.items()
-                    if len(cost.samples.get(rows, ())) >= MEASURED_MIN}
+    def _measured(self, parts_rates: list[float], rows: int) -> list[float]:
+        """Tokens per second for k = 0..max_k at `rows`: measured whole steps where there are enough of them, else
+        the parts' estimate scaled by the median ratio of measured to parts' rates over the measured ks."""
+        measured = {k: rate for k in range(self.max_k + 1)
+                    if (rate := self.step_rates.rate(self._steps, rows, k)) is not None}
         if not measured:
-            return parts_seconds
-        scale = statistics.median(measured[k] / parts_seconds[k] if parts_seconds[k] > 0 else 1.0 for k in measured)
-        return [measured.get(k, s * scale) for k, s in enumerate(parts_seconds)]
+            return parts_rates
+        scale = statistics.median(measured[k] / parts_rates[k] if 0 < parts_rates[k] < float("inf") else 1.0
+                                  for k in measured)
+        return [measured.get(k, rate * scale) for k, rate in enumerate(parts_rates)]
 
     def _host(self, k: int) -> float:
         """Host seconds of a step drafting k: measured at k, else at the nearest k of the same kind (drafting or
@@ -284,6 +304,8 @@ class AdaptiveSpeculation:
             self.draft_cost.observe(drafting_rows, draft_seconds / self.draft_forwards(k))
         if (draft_seconds is not None and drafting_rows == rows
                 and (target_tokens is None or target_tokens == rows * (k + 1))):   # a whole step, as priced
-            self.step_cost.setdefault(k, MedianCost()).observe(rows, draft_seconds + target_seconds + host_seconds)
+            seconds = draft_seconds + target_seconds + host_seconds
+            if seconds > 0:
+                self.step_rates.observe(self._steps, rows, k, (sum(num_accepted) + rows) / seconds)
         previous = self.host_seconds.get(k)
         self.host_seconds[k] = host_seconds if previous is None else 0.9 * previous + 0.1 * host_seconds

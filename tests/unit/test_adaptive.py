@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, MEASURED_MIN, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
+from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, MEASURED_FOR, MEASURED_MIN, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
                                           AdaptiveSpeculation, MedianCost, one_forward_per_token)
 
 
@@ -299,37 +299,49 @@ def _parts_favour_k1() -> AdaptiveSpeculation:
     return spec
 
 
-def _measure(spec: AdaptiveSpeculation, k: int, rows: int, seconds: float, times: int = MEASURED_MIN) -> None:
+def _measure(spec: AdaptiveSpeculation, k: int, rows: int, tokens_per_second: float,
+             times: int = MEASURED_MIN) -> None:
     for _ in range(times):
-        spec.step_cost.setdefault(k, MedianCost()).observe(rows, seconds)
+        spec.step_rates.observe(spec._steps, rows, k, tokens_per_second)
 
 
 def test_whole_steps_measured_at_a_batch_size_overrule_the_parts():
-    """Plain steps measure as priced, k = 1 steps at 9.5 ms (3200 tok/s, not the parts' 6080): k = 0 from then on;
+    """Plain steps measure as priced (4000 tok/s), k = 1 steps 3200 tok/s (not the parts' 6080): k = 0 from then on;
     one measurement fewer than MEASURED_MIN leaves the parts' price."""
     spec = _parts_favour_k1()
-    _measure(spec, 0, 16, 0.004)
-    _measure(spec, 1, 16, 0.0095, times=MEASURED_MIN - 1)
+    _measure(spec, 0, 16, 4000.0)
+    _measure(spec, 1, 16, 3200.0, times=MEASURED_MIN - 1)
     assert spec.choose(rows=16) == 1
-    _measure(spec, 1, 16, 0.0095, times=1)
-    assert spec.expected_rates(16) == pytest.approx([4000.0, 16 * 1.9 / 0.0095], rel=0.01)
+    _measure(spec, 1, 16, 3200.0, times=1)
+    assert spec.expected_rates(16) == pytest.approx([4000.0, 3200.0])
     assert spec.choose(rows=16) == 0
     assert spec.choose(rows=8) == 1    # another batch size keeps its own evidence (none: the parts' price)
 
 
 def test_unmeasured_ks_are_scaled_like_the_measured_ones():
-    """The machine runs at half the calibrated speed: k = 1 steps measure twice the parts' price. The plain step,
-    not measured, is priced at twice its parts too, so k = 1 stays ahead (unscaled, the plain step's 4000 tok/s would
-    beat k = 1's measured 3040)."""
+    """The machine runs at half the calibrated speed: k = 1 steps measure half the parts' rate (3040 tok/s). The plain
+    step, not measured, is priced at half its parts' rate too, so k = 1 stays ahead (unscaled, the plain step's 4000
+    tok/s would beat it)."""
     spec = _parts_favour_k1()
-    _measure(spec, 1, 16, 2 * 0.005)
-    assert spec.expected_rates(16) == pytest.approx([2000.0, 16 * 1.9 / 0.010], rel=0.01)
+    _measure(spec, 1, 16, 6080.0 / 2)
+    assert spec.expected_rates(16) == pytest.approx([2000.0, 3040.0], rel=0.01)
     assert spec.choose(rows=16) == 1
 
 
+def test_a_measurement_expires_so_the_parts_price_its_k_again():
+    """k = 1 measured poor prices it for MEASURED_FOR steps; after them the parts' price (which the acceptance
+    estimate moves) chooses it again, to be measured again."""
+    spec = _parts_favour_k1()
+    _measure(spec, 0, 16, 4000.0)
+    _measure(spec, 1, 16, 3200.0)
+    choices = [(spec.choose(rows=16), spec.probing) for _ in range(MEASURED_FOR)]
+    assert all(k == 0 or probe for k, probe in choices)   # drafting only in probes while the measurement holds
+    assert spec.choose(rows=16) == 1 and not spec.probing
+
+
 def test_only_whole_steps_as_priced_are_measured():
-    """A step that drafted for every row, read no new prompt and verified k + 1 tokens a row is recorded, whole; a
-    one-row probe, a step that read prompts and a ragged step are not."""
+    """A step that drafted for every row, read no new prompt and verified k + 1 tokens a row is recorded, as its
+    tokens over its seconds; a one-row probe, a step that read prompts and a ragged step are not."""
     spec = AdaptiveSpeculation(3)
     spec.draft_cost.observe(16, 0.001)
     spec.observe_step(16, 3, [1] * 16, draft_seconds=0.003, target_seconds=0.010, host_seconds=0.001)
@@ -337,5 +349,6 @@ def test_only_whole_steps_as_priced_are_measured():
     spec.observe_step(16, 3, [1] * 16, 0.300, 0.010, 0.001, read_tokens=1600)
     spec.observe_step(16, 3, [1] * 16, 0.003, 0.010, 0.001, num_drafted=[3] * 8 + [0] * 8, target_tokens=40)
     spec.observe_step(16, 0, [0] * 16, 0.0001, 0.005, 0.0002)
-    assert list(spec.step_cost[3].samples[16]) == [pytest.approx(0.014)]
-    assert list(spec.step_cost[0].samples[16]) == [pytest.approx(0.0053)]
+    assert [rate for _, rate in spec.step_rates.steps[(16, 3)]] == [pytest.approx(32 / 0.014)]
+    assert [rate for _, rate in spec.step_rates.steps[(16, 0)]] == [pytest.approx(16 / 0.0053)]
+    assert set(spec.step_rates.steps) == {(16, 3), (16, 0)}
