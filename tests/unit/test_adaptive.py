@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, MEASURED_FOR, MEASURED_MIN, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
+from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_STEPS, MEASURED_FOR, MEASURED_MIN, PROBE_AFTER,
+                                          RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
                                           AdaptiveSpeculation, MedianCost, one_forward_per_token)
 
 
@@ -336,7 +337,8 @@ def test_a_measurement_expires_so_the_parts_price_its_k_again():
     _measure(spec, 1, 16, 3200.0)
     choices = [(spec.choose(rows=16), spec.probing) for _ in range(MEASURED_FOR)]
     assert all(k == 0 or probe for k, probe in choices)   # drafting only in probes while the measurement holds
-    assert spec.choose(rows=16) == 1 and not spec.probing
+    # Priced again at the latest after a hold of plain steps (HOLD_STEPS): k = 1, not as a probe.
+    assert (1, False) in [(spec.choose(rows=16), spec.probing) for _ in range(HOLD_STEPS + 1)]
 
 
 def test_only_whole_steps_as_priced_are_measured():
@@ -352,3 +354,26 @@ def test_only_whole_steps_as_priced_are_measured():
     assert [rate for _, rate in spec.step_rates.steps[(16, 3)]] == [pytest.approx(32 / 0.014)]
     assert [rate for _, rate in spec.step_rates.steps[(16, 0)]] == [pytest.approx(16 / 0.0053)]
     assert set(spec.step_rates.steps) == {(16, 3), (16, 0)}
+
+
+def test_a_plain_step_far_ahead_is_held_unpriced_for_a_few_steps():
+    """Drafting priced at most HOLD_BELOW of a plain step: the next HOLD_STEPS choices are plain without pricing, then
+    it prices again; probes still come every PROBE_AFTER steps. Drafting priced closer is priced on every step."""
+    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=False)   # nothing accepted: k = 0 far ahead
+    priced = []
+    real = spec.expected_rates
+    spec.expected_rates = lambda *args: priced.append(len(priced)) or real(*args)
+    rates = real(16)
+    assert max(rates[1:]) <= HOLD_BELOW * rates[0]
+    choices = [(spec.choose(rows=16), spec.probing) for _ in range(3 * PROBE_AFTER)]
+    assert [k for k, probe in choices if not probe] == [0] * (3 * PROBE_AFTER - 2)
+    assert [i for i, (_, probe) in enumerate(choices) if probe] == [PROBE_AFTER - 1, 3 * PROBE_AFTER - 1]
+    # Priced on the first step, then every HOLD_STEPS + 1 steps, plus once at each probe for its k.
+    assert len(priced) == -(-3 * PROBE_AFTER // (HOLD_STEPS + 1)) + 2
+    close = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)
+    close.expected_rates = lambda rows, *reading: [100.0, 100.0 * HOLD_BELOW + 1.0, 50.0, 50.0, 50.0, 50.0]
+    calls = []
+    real_close = close.expected_rates
+    close.expected_rates = lambda *args: calls.append(1) or real_close(*args)
+    assert [close.choose(rows=16) for _ in range(PROBE_AFTER - 1)] == [0] * (PROBE_AFTER - 1)
+    assert len(calls) == PROBE_AFTER - 1
