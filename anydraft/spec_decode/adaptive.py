@@ -47,14 +47,16 @@ RIVAL_AFTER = 32
 # 5% below k = 0 and the steps measured 0.95x; a process whose estimates put k = 1 ahead drafted on most steps at
 # 0.89x the target alone.
 DRAFT_MARGIN = 1.05
-# A batch size's whole steps, once MEASURED_MIN of them ran at a k, price that k by their tokens per second (median)
-# instead of the parts' estimates, and the ks not run there are priced by their parts scaled as the measured ones
-# were off. Each part's median carries its own noise and the parts miss work between them: at batch 16 on the
-# shipped pair the parts priced k = 1 within a few % of k = 0 where its steps cost 18% more per token, and a process
-# whose parts put k = 1 ahead kept drafting (0.89x the target alone). A measurement prices its k for MEASURED_FOR
-# steps: then the parts (and the acceptance estimate, which probes keep current) price it again.
+# A batch size's whole steps, once MEASURED_MIN of them ran at a k, price that k: their median seconds replace the sum
+# of its parts' estimates, and the tokens they appended (a mean with little noise at large batches, much at batch 1)
+# move its expected tokens from the acceptance estimate's, which counts as PRIOR_ROW_STEPS row-steps. The ks not run
+# there are priced by their parts scaled as the measured ones were off. Each part's median carries its own noise and
+# the parts miss work between them: at batch 16 on the shipped pair the parts priced k = 1 within a few % of k = 0
+# where its steps cost 18% more per token, and a process whose parts put k = 1 ahead kept drafting (0.89x the target
+# alone). A measurement prices its k for MEASURED_FOR steps: then the parts price it again.
 MEASURED_MIN = 3
 MEASURED_FOR = 256
+PRIOR_ROW_STEPS = 64
 # A plain step chosen while every drafting k is priced at most HOLD_BELOW of it is chosen again, unpriced, for the
 # next HOLD_STEPS steps at that batch size (probes still come on time): pricing six ks touches enough Python state to
 # cost ~0.1 ms of a plain step in place (2% at batch 16 on the shipped pair, against 14 us timed warm), and evidence
@@ -185,17 +187,20 @@ class ReadCost:
 
 @dataclass
 class StepRates:
-    """Tokens per second of whole steps by (rows, k): the median over the last `window` such steps that are at most
+    """Whole steps by (rows, k): seconds and tokens appended of the last `window` such steps that are at most
     MEASURED_FOR steps old, once there are MEASURED_MIN of them."""
     window: int = 15
-    steps: dict[tuple[int, int], deque] = field(default_factory=dict)   # (rows, k) -> (step number, tokens/s)
+    steps: dict[tuple[int, int], deque] = field(default_factory=dict)   # (rows, k) -> (step number, tokens, seconds)
 
-    def observe(self, step: int, rows: int, k: int, tokens_per_second: float) -> None:
-        self.steps.setdefault((rows, k), deque(maxlen=self.window)).append((step, tokens_per_second))
+    def observe(self, step: int, rows: int, k: int, tokens: int, seconds: float) -> None:
+        self.steps.setdefault((rows, k), deque(maxlen=self.window)).append((step, tokens, seconds))
 
-    def rate(self, step: int, rows: int, k: int) -> float | None:
-        recent = [rate for n, rate in self.steps.get((rows, k), ()) if step - n < MEASURED_FOR]
-        return statistics.median(recent) if len(recent) >= MEASURED_MIN else None
+    def measured(self, step: int, rows: int, k: int) -> tuple[float, int, int] | None:
+        """(median seconds, tokens appended, steps) of the recent steps, or None if too few."""
+        recent = [(tokens, seconds) for n, tokens, seconds in self.steps.get((rows, k), ()) if step - n < MEASURED_FOR]
+        if len(recent) < MEASURED_MIN:
+            return None
+        return statistics.median(s for _, s in recent), sum(t for t, _ in recent), len(recent)
 
 
 def one_forward_per_token(num_tokens: int) -> int:
@@ -239,24 +244,30 @@ class AdaptiveSpeculation:
         is still expected to write (the read is spread over the steps that take)."""
         draft_seconds = self.draft_cost.seconds(rows)
         read_seconds = self.read_cost.seconds(unread_tokens) / max(remaining_tokens, 1.0)   # per token written
-        parts = []
-        for k, tokens in enumerate(self.acceptance.expected_tokens_upto(self.max_k)):
-            seconds = self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds + self._host(k)
-            parts.append(rows * tokens / seconds if seconds > 0 else float("inf"))
-        # Reading adds read_seconds per token a row writes, i.e. read_seconds / rows per token of the batch.
-        return [1.0 / (1.0 / rate + read_seconds / rows) if k and read_seconds else rate
-                for k, rate in enumerate(self._measured(parts, rows))]
+        expected = self.acceptance.expected_tokens_upto(self.max_k)
+        parts = [self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds + self._host(k)
+                 for k in range(self.max_k + 1)]
+        tokens, seconds = self._measured(rows, expected, parts)
+        # Reading adds read_seconds for each token a row writes.
+        return [rows * e / step if (step := s + (read_seconds * e if k else 0.0)) > 0 else float("inf")
+                for k, (e, s) in enumerate(zip(tokens, seconds))]
 
-    def _measured(self, parts_rates: list[float], rows: int) -> list[float]:
-        """Tokens per second for k = 0..max_k at `rows`: measured whole steps where there are enough of them, else
-        the parts' estimate scaled by the median ratio of measured to parts' rates over the measured ks."""
-        measured = {k: rate for k in range(self.max_k + 1)
-                    if (rate := self.step_rates.rate(self._steps, rows, k)) is not None}
-        if not measured:
-            return parts_rates
-        scale = statistics.median(measured[k] / parts_rates[k] if 0 < parts_rates[k] < float("inf") else 1.0
-                                  for k in measured)
-        return [measured.get(k, rate * scale) for k, rate in enumerate(parts_rates)]
+    def _measured(self, rows: int, expected: list[float], parts_seconds: list[float]
+                  ) -> tuple[list[float], list[float]]:
+        """Tokens a row appends and step seconds for k = 0..max_k at `rows`: where whole steps were measured, their
+        median seconds and their tokens pooled with the estimate's; elsewhere the estimate's tokens and the parts'
+        seconds scaled by the median ratio of measured to parts' seconds over the measured ks."""
+        tokens, seconds, measured = list(expected), list(parts_seconds), set()
+        for k in range(self.max_k + 1):
+            if (found := self.step_rates.measured(self._steps, rows, k)) is not None:
+                seconds[k], appended, steps = found
+                tokens[k] = (appended + PRIOR_ROW_STEPS * expected[k]) / (steps * rows + PRIOR_ROW_STEPS)
+                measured.add(k)
+        scales = [seconds[k] / parts_seconds[k] for k in measured if parts_seconds[k] > 0]
+        if scales:
+            scale = statistics.median(scales)
+            seconds = [s if k in measured else s * scale for k, s in enumerate(seconds)]
+        return tokens, seconds
 
     def _host(self, k: int) -> float:
         """Host seconds of a step drafting k: measured at k, else at the nearest k of the same kind (drafting or
@@ -324,8 +335,7 @@ class AdaptiveSpeculation:
             self.draft_cost.observe(drafting_rows, draft_seconds / self.draft_forwards(k))
         if (draft_seconds is not None and drafting_rows == rows
                 and (target_tokens is None or target_tokens == rows * (k + 1))):   # a whole step, as priced
-            seconds = draft_seconds + target_seconds + host_seconds
-            if seconds > 0:
-                self.step_rates.observe(self._steps, rows, k, (sum(num_accepted) + rows) / seconds)
+            self.step_rates.observe(self._steps, rows, k, sum(num_accepted) + rows,
+                                    draft_seconds + target_seconds + host_seconds)
         previous = self.host_seconds.get(k)
         self.host_seconds[k] = host_seconds if previous is None else 0.9 * previous + 0.1 * host_seconds

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_STEPS, MEASURED_FOR, MEASURED_MIN, PROBE_AFTER,
-                                          RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
+from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_STEPS, MEASURED_FOR, MEASURED_MIN,
+                                          PRIOR_ROW_STEPS, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
                                           AdaptiveSpeculation, MedianCost, one_forward_per_token)
 
 
@@ -300,41 +300,59 @@ def _parts_favour_k1() -> AdaptiveSpeculation:
     return spec
 
 
-def _measure(spec: AdaptiveSpeculation, k: int, rows: int, tokens_per_second: float,
+def _measure(spec: AdaptiveSpeculation, k: int, rows: int, tokens: int, seconds: float,
              times: int = MEASURED_MIN) -> None:
     for _ in range(times):
-        spec.step_rates.observe(spec._steps, rows, k, tokens_per_second)
+        spec.step_rates.observe(spec._steps, rows, k, tokens, seconds)
+
+
+def _pooled(tokens_per_row: float, steps: int, rows: int, estimate: float) -> float:
+    return (tokens_per_row * steps * rows + PRIOR_ROW_STEPS * estimate) / (steps * rows + PRIOR_ROW_STEPS)
 
 
 def test_whole_steps_measured_at_a_batch_size_overrule_the_parts():
-    """Plain steps measure as priced (4000 tok/s), k = 1 steps 3200 tok/s (not the parts' 6080): k = 0 from then on;
-    one measurement fewer than MEASURED_MIN leaves the parts' price."""
+    """Plain steps measure as priced (4 ms), k = 1 steps 9.5 ms (not the parts' 5 ms): k = 0 from then on; one
+    measurement fewer than MEASURED_MIN leaves the parts' price."""
     spec = _parts_favour_k1()
-    _measure(spec, 0, 16, 4000.0)
-    _measure(spec, 1, 16, 3200.0, times=MEASURED_MIN - 1)
+    _measure(spec, 0, 16, 16, 0.004)
+    _measure(spec, 1, 16, 30, 0.0095, times=MEASURED_MIN - 1)
     assert spec.choose(rows=16) == 1
-    _measure(spec, 1, 16, 3200.0, times=1)
-    assert spec.expected_rates(16) == pytest.approx([4000.0, 3200.0])
+    _measure(spec, 1, 16, 30, 0.0095, times=1)
+    tokens = _pooled(30 / 16, MEASURED_MIN, 16, spec.acceptance.expected_tokens(1))
+    assert spec.expected_rates(16) == pytest.approx([4000.0, 16 * tokens / 0.0095])
     assert spec.choose(rows=16) == 0
     assert spec.choose(rows=8) == 1    # another batch size keeps its own evidence (none: the parts' price)
 
 
 def test_unmeasured_ks_are_scaled_like_the_measured_ones():
-    """The machine runs at half the calibrated speed: k = 1 steps measure half the parts' rate (3040 tok/s). The plain
-    step, not measured, is priced at half its parts' rate too, so k = 1 stays ahead (unscaled, the plain step's 4000
-    tok/s would beat it)."""
+    """The machine runs at half the calibrated speed: k = 1 steps take twice the parts' 5 ms. The plain step, not
+    measured, is priced at twice its parts' 4 ms too, so k = 1 stays ahead (unscaled, the plain step's 4000 tok/s
+    would beat k = 1's ~3000)."""
     spec = _parts_favour_k1()
-    _measure(spec, 1, 16, 6080.0 / 2)
-    assert spec.expected_rates(16) == pytest.approx([2000.0, 3040.0], rel=0.01)
+    _measure(spec, 1, 16, 30, 0.010)
+    tokens = _pooled(30 / 16, MEASURED_MIN, 16, spec.acceptance.expected_tokens(1))
+    assert spec.expected_rates(16) == pytest.approx([2000.0, 16 * tokens / 0.010])
     assert spec.choose(rows=16) == 1
+
+
+def test_measured_tokens_weigh_by_the_row_steps_behind_them():
+    """Steps that appended a token a row (nothing accepted) move k = 1's expected tokens little at batch 1 (three
+    row-steps against the estimate's PRIOR_ROW_STEPS) and most of the way at batch 64 (45 steps' worth: the window)."""
+    spec = _parts_favour_k1()
+    estimate = spec.acceptance.expected_tokens(1)
+    for rows in (1, 64):
+        _measure(spec, 1, rows, rows, 0.005, times=15)
+        _measure(spec, 0, rows, rows, 0.004)
+        assert spec.expected_rates(rows)[1] == pytest.approx(rows * _pooled(1.0, 15, rows, estimate) / 0.005)
+    assert _pooled(1.0, 15, 1, estimate) > 1.7 and _pooled(1.0, 15, 64, estimate) < 1.1
 
 
 def test_a_measurement_expires_so_the_parts_price_its_k_again():
     """k = 1 measured poor prices it for MEASURED_FOR steps; after them the parts' price (which the acceptance
     estimate moves) chooses it again, to be measured again."""
     spec = _parts_favour_k1()
-    _measure(spec, 0, 16, 4000.0)
-    _measure(spec, 1, 16, 3200.0)
+    _measure(spec, 0, 16, 16, 0.004)
+    _measure(spec, 1, 16, 30, 0.0095)
     choices = [(spec.choose(rows=16), spec.probing) for _ in range(MEASURED_FOR)]
     assert all(k == 0 or probe for k, probe in choices)   # drafting only in probes while the measurement holds
     # Priced again at the latest after a hold of plain steps (HOLD_STEPS): k = 1, not as a probe.
@@ -343,7 +361,7 @@ def test_a_measurement_expires_so_the_parts_price_its_k_again():
 
 def test_only_whole_steps_as_priced_are_measured():
     """A step that drafted for every row, read no new prompt and verified k + 1 tokens a row is recorded, as its
-    tokens over its seconds; a one-row probe, a step that read prompts and a ragged step are not."""
+    tokens and seconds; a one-row probe, a step that read prompts and a ragged step are not."""
     spec = AdaptiveSpeculation(3)
     spec.draft_cost.observe(16, 0.001)
     spec.observe_step(16, 3, [1] * 16, draft_seconds=0.003, target_seconds=0.010, host_seconds=0.001)
@@ -351,8 +369,8 @@ def test_only_whole_steps_as_priced_are_measured():
     spec.observe_step(16, 3, [1] * 16, 0.300, 0.010, 0.001, read_tokens=1600)
     spec.observe_step(16, 3, [1] * 16, 0.003, 0.010, 0.001, num_drafted=[3] * 8 + [0] * 8, target_tokens=40)
     spec.observe_step(16, 0, [0] * 16, 0.0001, 0.005, 0.0002)
-    assert [rate for _, rate in spec.step_rates.steps[(16, 3)]] == [pytest.approx(32 / 0.014)]
-    assert [rate for _, rate in spec.step_rates.steps[(16, 0)]] == [pytest.approx(16 / 0.0053)]
+    assert [entry[1:] for entry in spec.step_rates.steps[(16, 3)]] == [(32, pytest.approx(0.014))]
+    assert [entry[1:] for entry in spec.step_rates.steps[(16, 0)]] == [(16, pytest.approx(0.0053))]
     assert set(spec.step_rates.steps) == {(16, 3), (16, 0)}
 
 
