@@ -42,6 +42,10 @@ PROBE_AFTER_MAX = 512
 # kept the grown qwen3 pair at k = 1 (0.86-0.92x fixed k = 3). At most one step in RIVAL_AFTER, within 10%.
 RIVAL_WITHIN = 0.9
 RIVAL_AFTER = 32
+# The plain step is re-timed the same way at a batch size where drafting is chosen, within a wider bound: a plain step
+# is the safe choice, and its price from one slow calibration (5.8 ms for a 4.3 ms step at batch 16 on the shipped
+# pair) kept a process drafting k = 1 there, never timing a plain step again.
+PLAIN_RIVAL_WITHIN = 0.75
 # Drafting is chosen over a plain step only when priced at least this much faster: its estimate carries the noise of
 # more measured parts, and a plain step is the safe side. On the shipped pair at batch 16 the model priced k = 1
 # 5% below k = 0 and the steps measured 0.95x; a process whose estimates put k = 1 ahead drafted on most steps at
@@ -229,6 +233,7 @@ class AdaptiveSpeculation:
     # every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where it never drafted).
     _probes: dict[int, list[int]] = field(default_factory=dict)
     _last_chosen: dict[int, int] = field(default_factory=dict)    # k -> the step that last chose it
+    _last_plain: dict[int, int] = field(default_factory=dict)      # rows -> the step that last chose k = 0 there
     # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with)
     _held: dict[int, tuple[int, int]] = field(default_factory=dict)
     _steps: int = 0
@@ -256,17 +261,19 @@ class AdaptiveSpeculation:
                   ) -> tuple[list[float], list[float]]:
         """Tokens a row appends and step seconds for k = 0..max_k at `rows`: where whole steps were measured, their
         median seconds and their tokens pooled with the estimate's; elsewhere the estimate's tokens and the parts'
-        seconds scaled by the median ratio of measured to parts' seconds over the measured ks."""
+        seconds scaled by the median ratio of measured to parts' seconds over the measured drafting ks."""
         tokens, seconds, measured = list(expected), list(parts_seconds), set()
         for k in range(self.max_k + 1):
             if (found := self.step_rates.measured(self._steps, rows, k)) is not None:
                 seconds[k], appended, steps = found
                 tokens[k] = (appended + PRIOR_ROW_STEPS * expected[k]) / (steps * rows + PRIOR_ROW_STEPS)
                 measured.add(k)
-        scales = [seconds[k] / parts_seconds[k] for k in measured if parts_seconds[k] > 0]
-        if scales:
-            scale = statistics.median(scales)
-            seconds = [s if k in measured else s * scale for k, s in enumerate(seconds)]
+        # Drafting steps' parts miss work a plain step does not have: their error scales the drafting ks only (from
+        # the plain step's where no drafting k was measured); an unmeasured plain step keeps its parts' price.
+        drafting = [k for k in measured if k and parts_seconds[k] > 0] or [k for k in measured if parts_seconds[k] > 0]
+        if drafting:
+            scale = statistics.median(seconds[k] / parts_seconds[k] for k in drafting)
+            seconds = [s if k in measured or not k else s * scale for k, s in enumerate(seconds)]
         return tokens, seconds
 
     def _host(self, k: int) -> float:
@@ -295,16 +302,23 @@ class AdaptiveSpeculation:
         probes = self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
         if best:
             probes[:] = [0, PROBE_AFTER]
+            if (rates[0] >= PLAIN_RIVAL_WITHIN * rates[best]
+                    and self._steps - self._last_plain.get(rows, -RIVAL_AFTER) >= RIVAL_AFTER):
+                return self._chose_plain(rows)
             rivals = [k for k in range(1, self.max_k + 1) if k != best and rates[k] >= RIVAL_WITHIN * rates[best]
                       and self._steps - self._last_chosen.get(k, -RIVAL_AFTER) >= RIVAL_AFTER]
             return self._chose(max(rivals, key=lambda k: rates[k]) if rivals else best)
         probes[0] += 1
         if probes[0] < probes[1]:
-            return self._chose(0)
+            return self._chose_plain(rows)
         probes[:] = [0, min(2 * probes[1], PROBE_AFTER_MAX)]
         self._held.pop(rows, None)   # the probe brings evidence: price the next step
         rates = rates or self.expected_rates(rows, unread_tokens, remaining_tokens)
         return self._chose(max(range(1, self.max_k + 1), key=lambda k: (rates[k], k)), probe=True)
+
+    def _chose_plain(self, rows: int) -> int:
+        self._last_plain[rows] = self._steps
+        return self._chose(0)
 
     def _chose(self, k: int, probe: bool = False) -> int:
         self.history[k] = self.history.get(k, 0) + 1

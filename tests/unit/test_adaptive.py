@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_STEPS, MEASURED_FOR, MEASURED_MIN,
-                                          PRIOR_ROW_STEPS, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AcceptanceEstimate,
-                                          AdaptiveSpeculation, MedianCost, one_forward_per_token)
+                                          PLAIN_RIVAL_WITHIN, PRIOR_ROW_STEPS, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN,
+                                          AcceptanceEstimate, AdaptiveSpeculation, MedianCost, one_forward_per_token)
 
 
 def test_first_step_drafts_the_most_to_measure_the_draft():
@@ -255,7 +255,7 @@ def test_drafting_for_a_batch_tail_does_not_restart_probing_at_full_batch():
     survives the tail's drafting, so the next full batch does not probe every PROBE_AFTER steps again."""
     spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)   # as in the back-off test above
     full = [spec.choose(rows=16) for _ in range(PROBE_AFTER * 7)]
-    assert spec.choose(rows=1) > 0                                  # the tail drafts
+    assert [spec.choose(rows=1) > 0 for _ in range(2)] == [False, True]   # a plain step re-timed, then drafting
     after_tail = [spec.choose(rows=16) for _ in range(4 * PROBE_AFTER)]
     assert sum(1 for k in full if k) == 3 and not any(after_tail[:2 * PROBE_AFTER])
 
@@ -324,15 +324,19 @@ def test_whole_steps_measured_at_a_batch_size_overrule_the_parts():
     assert spec.choose(rows=8) == 1    # another batch size keeps its own evidence (none: the parts' price)
 
 
-def test_unmeasured_ks_are_scaled_like_the_measured_ones():
-    """The machine runs at half the calibrated speed: k = 1 steps take twice the parts' 5 ms. The plain step, not
-    measured, is priced at twice its parts' 4 ms too, so k = 1 stays ahead (unscaled, the plain step's 4000 tok/s
-    would beat k = 1's ~3000)."""
-    spec = _parts_favour_k1()
-    _measure(spec, 1, 16, 30, 0.010)
-    tokens = _pooled(30 / 16, MEASURED_MIN, 16, spec.acceptance.expected_tokens(1))
-    assert spec.expected_rates(16) == pytest.approx([2000.0, 16 * tokens / 0.010])
-    assert spec.choose(rows=16) == 1
+def test_unmeasured_drafting_ks_are_scaled_like_the_measured_ones():
+    """k = 1 steps take twice their parts' price: k = 2, not run yet, is priced at twice its parts too (they miss the
+    same drafting work); the plain step keeps its parts' price (the target forward and a plain step's host work)."""
+    spec = AdaptiveSpeculation(2)
+    for tokens, seconds in ((16, 0.004), (32, 0.0045), (48, 0.005)):
+        spec.target_cost.observe(tokens, seconds)
+    spec.draft_cost.observe(16, 0.0005)
+    for _ in range(500):
+        spec.acceptance.observe([2] * 10, [2] * 9 + [0])
+    expected = spec.acceptance.expected_tokens_upto(2)
+    _measure(spec, 1, 16, 30, 2 * 0.005)
+    tokens = _pooled(30 / 16, MEASURED_MIN, 16, expected[1])
+    assert spec.expected_rates(16) == pytest.approx([16 / 0.004, 16 * tokens / 0.010, 16 * expected[2] / 0.012])
 
 
 def test_measured_tokens_weigh_by_the_row_steps_behind_them():
@@ -395,3 +399,15 @@ def test_a_plain_step_far_ahead_is_held_unpriced_for_a_few_steps():
     close.expected_rates = lambda *args: calls.append(1) or real_close(*args)
     assert [close.choose(rows=16) for _ in range(PROBE_AFTER - 1)] == [0] * (PROBE_AFTER - 1)
     assert len(calls) == PROBE_AFTER - 1
+
+
+def test_a_plain_step_priced_close_behind_drafting_is_retimed_now_and_then():
+    """Drafting chosen, the plain step priced within PLAIN_RIVAL_WITHIN of it: one plain step every RIVAL_AFTER steps
+    at that batch size (its price may come from one slow timing); priced further behind, never."""
+    close = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True, max_k=1)
+    close.expected_rates = lambda rows, *reading: [80.0, 100.0]
+    chosen = [close.choose(rows=16) for _ in range(3 * RIVAL_AFTER)]
+    assert [i for i, k in enumerate(chosen) if k == 0] == [0, RIVAL_AFTER, 2 * RIVAL_AFTER]
+    far = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True, max_k=1)
+    far.expected_rates = lambda rows, *reading: [100.0 * PLAIN_RIVAL_WITHIN - 1.0, 100.0]
+    assert [far.choose(rows=16) for _ in range(3 * RIVAL_AFTER)] == [1] * (3 * RIVAL_AFTER)
