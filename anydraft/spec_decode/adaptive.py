@@ -6,7 +6,8 @@ the running rate at which position i is accepted given that positions 1..i-1 wer
 all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + F(k) * T_draft(B rows) + T_host, where F(k)
 is the number of draft forwards a proposal of k costs (the proposer says: k for a draft that writes a token per
 forward, 1 for a block drafter), each forward's cost the median of its recent measured times at each size,
-interpolated between sizes (target forwards timed at load, then every step refines them). A step that stops
+interpolated between sizes (target forwards timed at load, then every step refines them). Where a batch size has
+run whole steps at a k, their median seconds and appended tokens price it instead (see StepRates). A step that stops
 drafting still probes now and then, so a cost or rate measured wrongly once is measured again; where the proposer
 can, a greedy probe drafts for one row only (the draft then reads one prompt and one row's text, not the batch's).
 The prompts of requests that joined are read by the draft once, by the first step that drafts for those rows:
@@ -39,7 +40,9 @@ PROBE_AFTER = 16
 PROBE_AFTER_MAX = 512
 # While drafting, a rival k priced within RIVAL_WITHIN of the best and not chosen for RIVAL_AFTER steps is chosen
 # once: the sizes a step never verifies are priced from forwards timed at load, and an estimate that stays stale
-# kept the grown qwen3 pair at k = 1 (0.86-0.92x fixed k = 3). At most one step in RIVAL_AFTER, within 10%.
+# kept the grown qwen3 pair at k = 1 (0.86-0.92x fixed k = 3). At most one step in RIVAL_AFTER, within 10%. So are
+# measured drafting ks priced within 10% behind a chosen plain step, per batch size (a drafting k measured slow in
+# three steps kept the grown pair plain at batch 16: 0.95x fixed k = 3).
 RIVAL_WITHIN = 0.9
 RIVAL_AFTER = 32
 # The plain step is re-timed the same way at a batch size where drafting is chosen, within a wider bound: a plain step
@@ -233,7 +236,7 @@ class AdaptiveSpeculation:
     # every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where it never drafted).
     _probes: dict[int, list[int]] = field(default_factory=dict)
     _last_chosen: dict[int, int] = field(default_factory=dict)    # k -> the step that last chose it
-    _last_plain: dict[int, int] = field(default_factory=dict)      # rows -> the step that last chose k = 0 there
+    _last_at: dict[tuple[int, int], int] = field(default_factory=dict)   # (rows, k) -> the step that last chose it
     # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with)
     _held: dict[int, tuple[int, int]] = field(default_factory=dict)
     _steps: int = 0
@@ -302,23 +305,33 @@ class AdaptiveSpeculation:
         probes = self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
         if best:
             probes[:] = [0, PROBE_AFTER]
-            if (rates[0] >= PLAIN_RIVAL_WITHIN * rates[best]
-                    and self._steps - self._last_plain.get(rows, -RIVAL_AFTER) >= RIVAL_AFTER):
-                return self._chose_plain(rows)
+            if rates[0] >= PLAIN_RIVAL_WITHIN * rates[best] and self._due(rows, 0):
+                return self._chose_at(rows, 0)
             rivals = [k for k in range(1, self.max_k + 1) if k != best and rates[k] >= RIVAL_WITHIN * rates[best]
                       and self._steps - self._last_chosen.get(k, -RIVAL_AFTER) >= RIVAL_AFTER]
-            return self._chose(max(rivals, key=lambda k: rates[k]) if rivals else best)
+            return self._chose_at(rows, max(rivals, key=lambda k: rates[k]) if rivals else best)
+        # A drafting k measured at this batch size and priced close behind the plain step is re-timed as a whole step
+        # now and then: its measurement may come from a few slow steps, and one-row probes do not measure whole steps.
+        rivals = [] if rates is None else [k for k in range(1, self.max_k + 1)
+                                           if rates[k] >= RIVAL_WITHIN * rates[0] and self._due(rows, k)
+                                           and self.step_rates.measured(self._steps, rows, k) is not None]
+        if rivals:
+            return self._chose_at(rows, max(rivals, key=lambda k: rates[k]))
         probes[0] += 1
         if probes[0] < probes[1]:
-            return self._chose_plain(rows)
+            return self._chose_at(rows, 0)
         probes[:] = [0, min(2 * probes[1], PROBE_AFTER_MAX)]
         self._held.pop(rows, None)   # the probe brings evidence: price the next step
         rates = rates or self.expected_rates(rows, unread_tokens, remaining_tokens)
         return self._chose(max(range(1, self.max_k + 1), key=lambda k: (rates[k], k)), probe=True)
 
-    def _chose_plain(self, rows: int) -> int:
-        self._last_plain[rows] = self._steps
-        return self._chose(0)
+    def _due(self, rows: int, k: int) -> bool:
+        """Whether k has not been chosen at this batch size for RIVAL_AFTER steps."""
+        return self._steps - self._last_at.get((rows, k), -RIVAL_AFTER) >= RIVAL_AFTER
+
+    def _chose_at(self, rows: int, k: int) -> int:
+        self._last_at[(rows, k)] = self._steps
+        return self._chose(k)
 
     def _chose(self, k: int, probe: bool = False) -> int:
         self.history[k] = self.history.get(k, 0) + 1

@@ -411,3 +411,17 @@ def test_a_plain_step_priced_close_behind_drafting_is_retimed_now_and_then():
     far = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True, max_k=1)
     far.expected_rates = lambda rows, *reading: [100.0 * PLAIN_RIVAL_WITHIN - 1.0, 100.0]
     assert [far.choose(rows=16) for _ in range(3 * RIVAL_AFTER)] == [1] * (3 * RIVAL_AFTER)
+
+
+def test_a_measured_drafting_k_close_behind_a_plain_step_is_retimed_now_and_then():
+    """The plain step chosen, k = 1 priced within RIVAL_WITHIN behind it: where k = 1 was measured at this batch size,
+    one whole k = 1 step every RIVAL_AFTER steps (a measurement from a few slow steps must not lock it out); where it
+    was not, only the one-row probes draft."""
+    spec = _parts_favour_k1()
+    _measure(spec, 1, 16, 30, 0.008)
+    spec.expected_rates = lambda rows, *reading: [100.0, 95.0]
+    chosen = [(spec.choose(rows=16), spec.probing) for _ in range(3 * RIVAL_AFTER)]
+    retimed = [i for i, (k, probe) in enumerate(chosen) if k and not probe]
+    assert len(retimed) >= 2 and all(b - a == RIVAL_AFTER for a, b in zip(retimed, retimed[1:]))
+    assert not [i for i, (k, probe) in enumerate((spec.choose(rows=8), spec.probing) for _ in range(3 * RIVAL_AFTER))
+                if k and not probe]
