@@ -369,9 +369,9 @@ class Engine:
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _record(self, step_requests: list[Request], row_drafts: list[int], num_accepted: list[int],
                 new_target_ids: list[list[int]]) -> None:
-        self.stats.observe_steps(num_accepted, row_drafts)
         for request, drafted, accepted, target_ids in zip(step_requests, row_drafts, num_accepted, new_target_ids):
             request.stats.observe_step(accepted, drafted)
+            self.stats.observe_step(accepted, drafted)
             self.last_target_id[request.row] = target_ids[-1]
             self._emit(request, target_ids)
 

@@ -10,7 +10,6 @@ k_histogram: how many steps drafted each number of tokens (adaptive speculation 
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 
@@ -48,17 +47,6 @@ class SpecStats:
         self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
         for i in range(num_accepted):
             self.accepted_at_position[i] += 1
-
-    def observe_steps(self, num_accepted: list[int], num_drafted: list[int]) -> None:
-        """observe_step for each row of a batch step, in a few calls whatever the batch size (the engine's total)."""
-        self.target_forwards += len(num_accepted)
-        self.num_drafted += sum(num_drafted)
-        self.num_accepted += sum(num_accepted)
-        for k, steps in Counter(num_drafted).items():
-            self.k_histogram[k] = self.k_histogram.get(k, 0) + steps
-        for accepted, steps in Counter(num_accepted).items():
-            for i in range(accepted):
-                self.accepted_at_position[i] += steps
 
     def merge(self, other: "SpecStats") -> None:
         if other.num_speculative_tokens != self.num_speculative_tokens:

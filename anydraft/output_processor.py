@@ -24,12 +24,11 @@ class IncrementalDetokenizer:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, target_id: int) -> str:
-        if target_id in self._skip_ids or target_id >= len(self._token_bytes):
-            return ""
-        return self._decoder.decode(self._token_bytes[target_id] or b"")
+        return self.add_many([target_id])
 
     def add_many(self, target_ids: list[int]) -> str:
-        """The text of several tokens in one decode: UTF-8 decoding is the same over any split of the bytes."""
+        """The text of several tokens in one decode (UTF-8 decoding is the same over any split of the bytes); special
+        tokens and ids past the table add none."""
         table, skip, size = self._token_bytes, self._skip_ids, len(self._token_bytes)
         return self._decoder.decode(b"".join(table[t] or b"" for t in target_ids if t not in skip and t < size))
 
@@ -106,8 +105,9 @@ class OutputProcessor:
             stopped = next((n for n, t in enumerate(kept, 1) if state.feed(state.detokenizer.add(t))), None)
             if stopped is not None:
                 kept = kept[:stopped]
-        else:
-            stopped = state.feed(state.detokenizer.add_many(kept)) or None
+        else:   # no stop string: the text cannot end the output
+            state.feed(state.detokenizer.add_many(kept))
+            stopped = None
         output.extend(kept)
         if stopped is None:
             if eos_at is not None:
