@@ -6,10 +6,11 @@ the running rate at which position i is accepted given that positions 1..i-1 wer
 all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + F(k) * T_draft(B rows) + T_host, where F(k)
 is the number of draft forwards a proposal of k costs (the proposer says: k for a draft that writes a token per
 forward, 1 for a block drafter), each forward's cost the median of its recent measured times at each size,
-interpolated between sizes (target forwards timed at load, then every step refines them). Where a batch size has
-run whole steps at a k, their median seconds and appended tokens price it instead (see StepRates). A step that stops
-drafting still probes now and then, so a cost or rate measured wrongly once is measured again; where the proposer
-can, a greedy probe drafts for one row only (the draft then reads one prompt and one row's text, not the batch's).
+interpolated between sizes (target forwards timed at load, then every step refines them). Where a batch size (or
+one near it) has run whole steps at a k, their seconds and appended tokens price it instead (see StepRates). A step
+that stops drafting still probes now and then, so a cost or rate measured wrongly once is measured again; where the
+proposer can, a greedy probe drafts for one row only (the draft then reads one prompt and one row's text, not the
+batch's).
 The prompts of requests that joined are read by the draft once, by the first step that drafts for those rows:
 their seconds, at the draft's measured seconds per token read, are spread over the steps left to write the rows'
 remaining tokens (R / E(k) of them), so that short outputs do not start a draft whose prompt reading they cannot
@@ -65,6 +66,12 @@ DRAFT_MARGIN = 1.05
 MEASURED_MIN = 3
 MEASURED_FOR = 256
 PRIOR_ROW_STEPS = 64
+# A batch size without its own measurement at k borrows the nearest one within NEAR_ROWS times it, as a ratio to the
+# parts' price there: a batch that shrinks as requests finish (16, 15, ... 1) met a batch size no step had run at on
+# nearly every step, where the parts alone priced drafting within the margin of a plain step at 13-15 rows while 16
+# rows had measured k = 2 at 1.12x it (the grown qwen3 pair: 0.83-0.88x fixed k = 3 in two of three processes).
+# Rival re-timing counts a re-timing at any batch size within the same bound, which the measurement then serves.
+NEAR_ROWS = 2
 # A plain step chosen while every drafting k is priced at most HOLD_BELOW of it is chosen again, unpriced, for the
 # next HOLD_STEPS steps at that batch size (probes still come on time): pricing six ks touches enough Python state to
 # cost ~0.1 ms of a plain step in place (2% at batch 16 on the shipped pair, against 14 us timed warm), and evidence
@@ -199,9 +206,11 @@ class StepRates:
     MEASURED_FOR steps old, once there are MEASURED_MIN of them."""
     window: int = 15
     steps: dict[tuple[int, int], deque] = field(default_factory=dict)   # (rows, k) -> (step number, tokens, seconds)
+    rows_by_k: dict[int, set[int]] = field(default_factory=dict)        # k -> the batch sizes with steps at k
 
     def observe(self, step: int, rows: int, k: int, tokens: int, seconds: float) -> None:
         self.steps.setdefault((rows, k), deque(maxlen=self.window)).append((step, tokens, seconds))
+        self.rows_by_k.setdefault(k, set()).add(rows)
 
     def measured(self, step: int, rows: int, k: int) -> tuple[float, int, int] | None:
         """(median seconds, tokens appended, steps) of the recent steps, or None if too few."""
@@ -209,6 +218,16 @@ class StepRates:
         if len(recent) < MEASURED_MIN:
             return None
         return statistics.median(s for _, s in recent), sum(t for t, _ in recent), len(recent)
+
+    def nearest(self, step: int, rows: int, k: int) -> tuple[int, tuple[float, int, int]] | None:
+        """(batch size, its measurement) at k: `rows`' own, else the nearest batch size within NEAR_ROWS times it
+        (the larger on a tie: more rows, less noise) that has one; None if none has."""
+        near = sorted((r for r in self.rows_by_k.get(k, ()) if rows <= r * NEAR_ROWS and r <= rows * NEAR_ROWS),
+                      key=lambda r: (abs(r - rows), -r))
+        for r in near:
+            if (found := self.measured(step, r, k)) is not None:
+                return r, found
+        return None
 
 
 def one_forward_per_token(num_tokens: int) -> int:
@@ -236,8 +255,7 @@ class AdaptiveSpeculation:
     # last few rows draft (it pays there); one back-off for every size then sent the next full batch back to probing
     # every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where it never drafted).
     _probes: dict[int, list[int]] = field(default_factory=dict)
-    _last_chosen: dict[int, int] = field(default_factory=dict)    # k -> the step that last chose it
-    _last_at: dict[tuple[int, int], int] = field(default_factory=dict)   # (rows, k) -> the step that last chose it
+    _last_at: dict[int, dict[int, int]] = field(default_factory=dict)   # k -> rows -> the step that last chose it
     # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with)
     _held: dict[int, tuple[int, int]] = field(default_factory=dict)
     _steps: int = 0
@@ -251,34 +269,43 @@ class AdaptiveSpeculation:
         """Expected tokens per second of a step over `rows` rows drafting k each, for k = 0..max_k (every step).
         unread_tokens: text the draft must read before it drafts for these rows; remaining_tokens: the tokens a row
         is still expected to write (the read is spread over the steps that take)."""
-        draft_seconds = self.draft_cost.seconds(rows)
         read_seconds = self.read_cost.seconds(unread_tokens) / max(remaining_tokens, 1.0)   # per token written
         expected = self.acceptance.expected_tokens_upto(self.max_k)
-        parts = [self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds + self._host(k)
-                 for k in range(self.max_k + 1)]
-        tokens, seconds = self._measured(rows, expected, parts)
+        tokens, seconds = self._measured(rows, expected, self._parts(rows))
         # Reading adds read_seconds for each token a row writes.
         return [rows * e / step if (step := s + (read_seconds * e if k else 0.0)) > 0 else float("inf")
                 for k, (e, s) in enumerate(zip(tokens, seconds))]
 
     def _measured(self, rows: int, expected: list[float], parts_seconds: list[float]
                   ) -> tuple[list[float], list[float]]:
-        """Tokens a row appends and step seconds for k = 0..max_k at `rows`: where whole steps were measured, their
-        median seconds and their tokens pooled with the estimate's; elsewhere the estimate's tokens and the parts'
+        """Tokens a row appends and step seconds for k = 0..max_k at `rows`: where whole steps were measured here or
+        at a batch size near it, their tokens a row pooled with the estimate's and their seconds as a ratio to the
+        parts' price there (at `rows` itself: the median seconds); elsewhere the estimate's tokens and the parts'
         seconds scaled by the median ratio of measured to parts' seconds over the measured drafting ks."""
-        tokens, seconds, measured = list(expected), list(parts_seconds), set()
+        tokens, seconds, ratios = list(expected), list(parts_seconds), {}
         for k in range(self.max_k + 1):
-            if (found := self.step_rates.measured(self._steps, rows, k)) is not None:
-                seconds[k], appended, steps = found
-                tokens[k] = (appended + PRIOR_ROW_STEPS * expected[k]) / (steps * rows + PRIOR_ROW_STEPS)
-                measured.add(k)
+            if (near := self.step_rates.nearest(self._steps, rows, k)) is None:
+                continue
+            measured_at, (median_seconds, appended, steps) = near
+            parts_there = parts_seconds[k] if measured_at == rows else self._parts(measured_at)[k]
+            if parts_there <= 0:
+                continue
+            ratios[k] = median_seconds / parts_there
+            seconds[k] = median_seconds if measured_at == rows else parts_seconds[k] * ratios[k]
+            tokens[k] = (appended + PRIOR_ROW_STEPS * expected[k]) / (steps * measured_at + PRIOR_ROW_STEPS)
         # Drafting steps' parts miss work a plain step does not have: their error scales the drafting ks only (from
         # the plain step's where no drafting k was measured); an unmeasured plain step keeps its parts' price.
-        drafting = [k for k in measured if k and parts_seconds[k] > 0] or [k for k in measured if parts_seconds[k] > 0]
+        drafting = [ratios[k] for k in ratios if k] or list(ratios.values())
         if drafting:
-            scale = statistics.median(seconds[k] / parts_seconds[k] for k in drafting)
-            seconds = [s if k in measured or not k else s * scale for k, s in enumerate(seconds)]
+            scale = statistics.median(drafting)
+            seconds = [s if k in ratios or not k else s * scale for k, s in enumerate(seconds)]
         return tokens, seconds
+
+    def _parts(self, rows: int) -> list[float]:
+        """Seconds of a step over `rows` rows drafting k, for k = 0..max_k, as the sum of its parts' estimates."""
+        draft_seconds = self.draft_cost.seconds(rows)
+        return [self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds + self._host(k)
+                for k in range(self.max_k + 1)]
 
     def _host(self, k: int) -> float:
         """Host seconds of a step drafting k: measured at k, else at the nearest k of the same kind (drafting or
@@ -308,14 +335,15 @@ class AdaptiveSpeculation:
             probes[:] = [0, PROBE_AFTER]
             if rates[0] >= PLAIN_RIVAL_WITHIN * rates[best] and self._due(rows, 0):
                 return self._chose_at(rows, 0)
-            rivals = [k for k in range(1, self.max_k + 1) if k != best and rates[k] >= RIVAL_WITHIN * rates[best]
-                      and self._steps - self._last_chosen.get(k, -RIVAL_AFTER) >= RIVAL_AFTER]
+            rivals = [k for k in range(1, self.max_k + 1)
+                      if k != best and rates[k] >= RIVAL_WITHIN * rates[best] and self._due(rows, k)]
             return self._chose_at(rows, max(rivals, key=lambda k: rates[k]) if rivals else best)
-        # A drafting k measured at this batch size and priced close behind the plain step is re-timed as a whole step
-        # now and then: its measurement may come from a few slow steps, and one-row probes do not measure whole steps.
+        # A drafting k measured at this batch size (or near it) and priced close behind the plain step is re-timed
+        # as a whole step now and then: its measurement may come from a few slow steps, and one-row probes do not
+        # measure whole steps.
         rivals = [] if rates is None else [k for k in range(1, self.max_k + 1)
                                            if rates[k] >= RIVAL_WITHIN * rates[0] and self._due(rows, k)
-                                           and self.step_rates.measured(self._steps, rows, k) is not None]
+                                           and self.step_rates.nearest(self._steps, rows, k) is not None]
         if rivals:
             return self._chose_at(rows, max(rivals, key=lambda k: rates[k]))
         probes[0] += 1
@@ -327,17 +355,17 @@ class AdaptiveSpeculation:
         return self._chose(max(range(1, self.max_k + 1), key=lambda k: (rates[k], k)), probe=True)
 
     def _due(self, rows: int, k: int) -> bool:
-        """Whether k has not been chosen at this batch size for RIVAL_AFTER steps."""
-        return self._steps - self._last_at.get((rows, k), -RIVAL_AFTER) >= RIVAL_AFTER
+        """Whether k has not been chosen for RIVAL_AFTER steps at this batch size or one near it (NEAR_ROWS)."""
+        return all(self._steps - step >= RIVAL_AFTER for r, step in self._last_at.get(k, {}).items()
+                   if rows <= r * NEAR_ROWS and r <= rows * NEAR_ROWS)
 
     def _chose_at(self, rows: int, k: int) -> int:
-        self._last_at[(rows, k)] = self._steps
+        self._last_at.setdefault(k, {})[rows] = self._steps
         return self._chose(k)
 
     def _chose(self, k: int, probe: bool = False) -> int:
         self.history[k] = self.history.get(k, 0) + 1
         self._steps += 1
-        self._last_chosen[k] = self._steps
         self.probing = probe
         return k
 

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from anydraft.config import SamplingParams
-from anydraft.spec_decode.adaptive import MedianCost, ReadCost
+from anydraft.spec_decode.adaptive import AdaptiveSpeculation, MedianCost, ReadCost
+from anydraft.spec_decode.calibration import calibrate_target_cost
 
 from tiny_models import reference_greedy
 
@@ -92,6 +93,14 @@ def test_adaptive_choice_is_reported_and_learns_costs(ckpts, llms, prompts):
         assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, 20)
     speculation = llm.engine.speculation
     assert speculation.target_cost.seconds(1) > 0          # calibrated at load, refreshed by steps
+    # Calibration times every size a step over one row or all rows (4) may verify, and leaves the caches empty.
+    engine = llm.engine
+    fresh = AdaptiveSpeculation(4)
+    calibrate_target_cost(fresh, engine.target, engine.tokenizer, 4, engine.max_model_len)
+    sizes = [rows * num_new for rows in (1, 4) for num_new in range(1, 6)]
+    assert {size: len(fresh.target_cost.samples[size]) for size in fresh.target_cost.estimates} == {
+        size: 3 * sizes.count(size) for size in sizes}   # three timed after a warm-up, for each forward of that size
+    assert all(engine.target.cache.length(row) == 0 for row in range(4))
     histogram = llm.stats.k_histogram
     assert sum(histogram.values()) == llm.stats.target_forwards and set(histogram) <= set(range(5))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_STEPS, MEASURED_FOR, MEASURED_MIN,
+from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_STEPS, MEASURED_FOR, MEASURED_MIN, NEAR_ROWS,
                                           PLAIN_RIVAL_WITHIN, PRIOR_ROW_STEPS, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN,
                                           AcceptanceEstimate, AdaptiveSpeculation, MedianCost, one_forward_per_token)
 
@@ -321,7 +321,28 @@ def test_whole_steps_measured_at_a_batch_size_overrule_the_parts():
     tokens = _pooled(30 / 16, MEASURED_MIN, 16, spec.acceptance.expected_tokens(1))
     assert spec.expected_rates(16) == pytest.approx([4000.0, 16 * tokens / 0.0095])
     assert spec.choose(rows=16) == 0
-    assert spec.choose(rows=8) == 1    # another batch size keeps its own evidence (none: the parts' price)
+    assert spec.choose(rows=4) == 1    # a batch size beyond NEAR_ROWS of any measured one: the parts' price
+
+
+def test_a_batch_size_without_steps_borrows_the_nearest_measurement_as_a_ratio_to_its_parts():
+    """k = 1 measured at 16 rows at 1.9x its parts' price: at 12 rows (no steps there) k = 1 is priced at 1.9x its
+    parts at 12, with the tokens a row measured at 16; the nearest measured batch size lends, the larger on a tie."""
+    spec = _parts_favour_k1()
+    _measure(spec, 0, 16, 16, 0.004)
+    _measure(spec, 1, 16, 30, 0.0095)
+    parts_at = {rows: [spec.target_cost.seconds(rows),
+                       spec.target_cost.seconds(2 * rows) + spec.draft_cost.seconds(rows)] for rows in (12, 16)}
+    ratios = [0.004 / parts_at[16][0], 0.0095 / parts_at[16][1]]
+    tokens = _pooled(30 / 16, MEASURED_MIN, 16, spec.acceptance.expected_tokens(1))
+    assert spec.expected_rates(12) == pytest.approx([12 / (parts_at[12][0] * ratios[0]),
+                                                     12 * tokens / (parts_at[12][1] * ratios[1])])
+    assert spec.choose(rows=12) == 0
+    _measure(spec, 1, 8, 8, 0.005)
+    assert spec.step_rates.nearest(spec._steps, 12, 1)[0] == 16     # a tie: the larger
+    assert spec.step_rates.nearest(spec._steps, 11, 1)[0] == 8
+    assert spec.step_rates.nearest(spec._steps, 12, 1)[1] == spec.step_rates.measured(spec._steps, 16, 1)
+    for too_far in (16 * NEAR_ROWS + 1, 16 // NEAR_ROWS - 1):     # plain steps were measured at 16 rows only
+        assert spec.step_rates.nearest(spec._steps, too_far, 0) is None
 
 
 def test_unmeasured_drafting_ks_are_scaled_like_the_measured_ones():
@@ -408,6 +429,10 @@ def test_a_plain_step_priced_close_behind_drafting_is_retimed_now_and_then():
     close.expected_rates = lambda rows, *reading: [80.0, 100.0]
     chosen = [close.choose(rows=16) for _ in range(3 * RIVAL_AFTER)]
     assert [i for i, k in enumerate(chosen) if k == 0] == [0, RIVAL_AFTER, 2 * RIVAL_AFTER]
+    # A shrinking batch (16, 15, 16, ...): a re-timing at a batch size within NEAR_ROWS serves the others.
+    chosen = [close.choose(rows=16 - i % 2) for i in range(3 * RIVAL_AFTER)]
+    assert [i for i, k in enumerate(chosen) if k == 0] == [0, RIVAL_AFTER, 2 * RIVAL_AFTER]
+    assert close.choose(rows=4) == 0      # none near 4 rows yet
     far = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True, max_k=1)
     far.expected_rates = lambda rows, *reading: [100.0 * PLAIN_RIVAL_WITHIN - 1.0, 100.0]
     assert [far.choose(rows=16) for _ in range(3 * RIVAL_AFTER)] == [1] * (3 * RIVAL_AFTER)
@@ -423,5 +448,5 @@ def test_a_measured_drafting_k_close_behind_a_plain_step_is_retimed_now_and_then
     chosen = [(spec.choose(rows=16), spec.probing) for _ in range(3 * RIVAL_AFTER)]
     retimed = [i for i, (k, probe) in enumerate(chosen) if k and not probe]
     assert len(retimed) >= 2 and all(b - a == RIVAL_AFTER for a, b in zip(retimed, retimed[1:]))
-    assert not [i for i, (k, probe) in enumerate((spec.choose(rows=8), spec.probing) for _ in range(3 * RIVAL_AFTER))
+    assert not [i for i, (k, probe) in enumerate((spec.choose(rows=4), spec.probing) for _ in range(3 * RIVAL_AFTER))
                 if k and not probe]
