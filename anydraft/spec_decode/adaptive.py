@@ -76,9 +76,12 @@ NEAR_ROWS = 2
 # next HOLD_STEPS steps at that batch size (probes still come on time): pricing six ks touches enough Python state to
 # cost ~0.1 ms of a plain step in place (2% at batch 16 on the shipped pair, against 14 us timed warm), and evidence
 # that far apart does not flip within a few plain steps. The prompts waiting to be read must be the ones priced (as
-# rows write, their reading only gets dearer per token left to write).
+# rows write, their reading only gets dearer per token left to write). Priced closer (within the drafting margin), a
+# plain step is held for HOLD_CLOSE_STEPS: priced on every step there, pricing cost 0.1-0.18 ms of each 5 ms plain
+# step at batch 16 (timed in place on the shipped pair), and a switch to drafting one or two steps late costs less.
 HOLD_BELOW = 0.9
 HOLD_STEPS = 8
+HOLD_CLOSE_STEPS = 2
 
 
 @dataclass
@@ -222,8 +225,10 @@ class StepRates:
     def nearest(self, step: int, rows: int, k: int) -> tuple[int, tuple[float, int, int]] | None:
         """(batch size, its measurement) at k: `rows`' own, else the nearest batch size within NEAR_ROWS times it
         (the larger on a tie: more rows, less noise) that has one; None if none has."""
-        near = sorted((r for r in self.rows_by_k.get(k, ()) if rows <= r * NEAR_ROWS and r <= rows * NEAR_ROWS),
-                      key=lambda r: (abs(r - rows), -r))
+        if (found := self.measured(step, rows, k)) is not None:
+            return rows, found
+        near = sorted((r for r in self.rows_by_k.get(k, ()) if r != rows and rows <= r * NEAR_ROWS
+                       and r <= rows * NEAR_ROWS), key=lambda r: (abs(r - rows), -r))
         for r in near:
             if (found := self.measured(step, r, k)) is not None:
                 return r, found
@@ -328,8 +333,9 @@ class AdaptiveSpeculation:
             best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
             if best and rates[best] < DRAFT_MARGIN * rates[0]:
                 best = 0
-            if not best and max(rates[1:]) <= HOLD_BELOW * rates[0]:
-                self._held[rows] = (HOLD_STEPS, unread_tokens)
+            if not best:
+                far = max(rates[1:]) <= HOLD_BELOW * rates[0]
+                self._held[rows] = (HOLD_STEPS if far else HOLD_CLOSE_STEPS, unread_tokens)
         probes = self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
         if best:
             probes[:] = [0, PROBE_AFTER]
