@@ -241,10 +241,12 @@ class Engine:
         """Adaptive k for this step, told what the draft has yet to read and how many tokens the rows may still
         write (their max_tokens left, within max_model_len)."""
         rows = [r.row for r in step_requests]
-        remaining = [min(r.params.max_tokens - len(r.output_target_ids),
-                         self.max_model_len - len(r.prompt_target_ids) - len(r.output_target_ids))
-                     for r in step_requests]
-        return self.speculation.choose(len(rows), self.proposer.unread_tokens(rows), sum(remaining) / len(rows))
+
+        def remaining() -> float:   # asked for only where the step is priced (a held plain step is not)
+            return sum(min(r.params.max_tokens - len(r.output_target_ids),
+                           self.max_model_len - len(r.prompt_target_ids) - len(r.output_target_ids))
+                       for r in step_requests) / len(rows)
+        return self.speculation.choose(len(rows), self.proposer.unread_tokens(rows), remaining)
 
     def _drafting_rows(self, rows: list[int], sampling: SamplingBatch | None, k: int) -> list[int]:
         """The rows the draft writes for: all, or for an adaptive probe one row in turn, where the proposer allows

@@ -146,6 +146,9 @@ class AcceptanceEstimate:
     max_k: int
     tried: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
+    # Steps that tried nothing since the counts were last decayed: their decay is applied when the counts are next
+    # read or added to (a plain step then costs one increment, not two passes over the counts).
+    pending_decays: int = 0
 
     def __post_init__(self):
         self.tried = self.tried or [0.0] * self.max_k
@@ -156,10 +159,10 @@ class AcceptanceEstimate:
         drafted it) was rejected, later ones were never decided. A row that drafted fewer than the step's k (a
         capped request, a SLEM row) says nothing about the positions it did not draft. Older evidence decays
         once per step."""
-        self.tried = [t * DECAY for t in self.tried]
-        self.accepted = [a * DECAY for a in self.accepted]
+        self.pending_decays += 1
         if not any(num_drafted):   # a plain step: nothing tried (no loop over its rows)
             return
+        self._decay()
         for drafted, accepted in zip(num_drafted, num_accepted):
             if not drafted:
                 continue
@@ -167,7 +170,15 @@ class AcceptanceEstimate:
                 self.tried[i] += 1.0
                 self.accepted[i] += 1.0 if i < accepted else 0.0
 
+    def _decay(self) -> None:
+        if self.pending_decays:
+            factor = DECAY ** self.pending_decays
+            self.tried = [t * factor for t in self.tried]
+            self.accepted = [a * factor for a in self.accepted]
+            self.pending_decays = 0
+
     def rates(self) -> list[float]:
+        self._decay()
         rates, prior = [], PRIOR_ACCEPTANCE
         for accepted, tried in zip(self.accepted, self.tried):
             prior = (accepted + prior * PRIOR_WEIGHT) / (tried + PRIOR_WEIGHT)
@@ -320,7 +331,10 @@ class AdaptiveSpeculation:
         pool = [j for j in self.host_seconds if (j > 0) == (k > 0)] or list(self.host_seconds)
         return self.host_seconds[min(pool, key=lambda j: (abs(j - k), j))] if pool else 0.0
 
-    def choose(self, rows: int, unread_tokens: int = 0, remaining_tokens: float = float("inf")) -> int:
+    def choose(self, rows: int, unread_tokens: int = 0,
+               remaining_tokens: float | Callable[[], float] = float("inf")) -> int:
+        """k for a step over `rows` rows (see expected_rates; remaining_tokens may be a function, called only when
+        the step is priced: a held plain step needs neither it nor the pricing)."""
         if not self.draft_cost.estimates:   # the draft's cost is unknown until a step drafts: measure it first
             return self._chose(self.max_k)
         rates = None
@@ -329,7 +343,7 @@ class AdaptiveSpeculation:
             self._held[rows] = (held - 1, unread_tokens)
             best = 0
         else:
-            rates = self.expected_rates(rows, unread_tokens, remaining_tokens)
+            rates = self._priced(rows, unread_tokens, remaining_tokens)
             best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
             if best and rates[best] < DRAFT_MARGIN * rates[0]:
                 best = 0
@@ -357,8 +371,12 @@ class AdaptiveSpeculation:
             return self._chose_at(rows, 0)
         probes[:] = [0, min(2 * probes[1], PROBE_AFTER_MAX)]
         self._held.pop(rows, None)   # the probe brings evidence: price the next step
-        rates = rates or self.expected_rates(rows, unread_tokens, remaining_tokens)
+        rates = rates or self._priced(rows, unread_tokens, remaining_tokens)
         return self._chose(max(range(1, self.max_k + 1), key=lambda k: (rates[k], k)), probe=True)
+
+    def _priced(self, rows: int, unread_tokens: int, remaining_tokens: float | Callable[[], float]) -> list[float]:
+        remaining = remaining_tokens() if callable(remaining_tokens) else remaining_tokens
+        return self.expected_rates(rows, unread_tokens, remaining)
 
     def _due(self, rows: int, k: int) -> bool:
         """Whether k has not been chosen for RIVAL_AFTER steps at this batch size or one near it (NEAR_ROWS)."""

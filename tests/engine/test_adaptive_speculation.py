@@ -158,8 +158,8 @@ def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_
     monkeypatch.setattr(speculation, "draft_cost", MedianCost())
     told, plan = [], iter([3, 3, 0, 0, 3] + [3] * 80)
 
-    def choose(rows, unread_tokens, remaining_tokens):
-        told.append((rows, unread_tokens, remaining_tokens))
+    def choose(rows, unread_tokens, remaining_tokens):   # remaining_tokens: a function, asked only when pricing
+        told.append((rows, unread_tokens, remaining_tokens()))
         return next(plan)
     monkeypatch.setattr(speculation, "choose", choose)
     max_tokens = [6, 30, 30]   # the third request takes the first one's row when it finishes

@@ -453,3 +453,35 @@ def test_a_measured_drafting_k_close_behind_a_plain_step_is_retimed_now_and_then
                                      for a, b in zip(retimed, retimed[1:]))
     assert not [i for i, (k, probe) in enumerate((spec.choose(rows=4), spec.probing) for _ in range(3 * RIVAL_AFTER))
                 if k and not probe]
+
+
+def test_plain_steps_decay_the_acceptance_counts_when_next_read():
+    """Steps that try nothing decay the counts once per step, as every step does, applied when next read or added
+    to: the rates equal those of decaying on every step."""
+    from anydraft.spec_decode.adaptive import DECAY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT
+    estimate = AcceptanceEstimate(2)
+    steps = [([2, 2], [2, 1]), ([0, 0], [0, 0]), ([0, 0], [0, 0]), ([2, 1], [0, 1]), ([0, 0], [0, 0])]
+    tried, accepted = [0.0, 0.0], [0.0, 0.0]
+    for num_drafted, num_accepted in steps:
+        estimate.observe(num_drafted, num_accepted)
+        tried, accepted = [t * DECAY for t in tried], [a * DECAY for a in accepted]
+        for drafted, n in zip(num_drafted, num_accepted):
+            for i in range(min(n + 1, drafted)):
+                tried[i] += 1.0
+                accepted[i] += 1.0 if i < n else 0.0
+    first = (accepted[0] + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (tried[0] + PRIOR_WEIGHT)
+    second = (accepted[1] + first * PRIOR_WEIGHT) / (tried[1] + PRIOR_WEIGHT)
+    assert estimate.rates() == pytest.approx([first, second], rel=1e-12)
+    assert estimate.tried == pytest.approx(tried, rel=1e-12) and estimate.accepted == pytest.approx(accepted, rel=1e-12)
+
+
+def test_the_tokens_left_to_write_are_asked_for_only_when_a_step_is_priced():
+    """remaining_tokens as a function: called once on a priced step, not on a held plain step, and its value prices
+    the step as a number would."""
+    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=False)   # nothing accepted: plain, held
+    asked = []
+    choices = [spec.choose(16, 0, lambda: asked.append(1) or 50.0) for _ in range(HOLD_STEPS + 2)]
+    assert choices == [0] * (HOLD_STEPS + 2) and len(asked) == 2   # priced, HOLD_STEPS held, priced again
+    reading = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)
+    reading.read_cost.observe(1000, 0.5)
+    assert reading._priced(16, 800, lambda: 40.0) == reading.expected_rates(16, 800, 40.0)
