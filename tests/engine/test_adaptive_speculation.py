@@ -7,7 +7,8 @@ import random
 import pytest
 
 from anydraft.config import SamplingParams
-from anydraft.spec_decode.adaptive import AdaptiveSpeculation, MedianCost, ReadCost
+from anydraft.spec_decode.adaptive import AdaptiveSpeculation
+from anydraft.spec_decode.estimates import MedianCost, ReadCost
 from anydraft.spec_decode.calibration import calibrate_target_cost
 
 from tiny_models import reference_greedy

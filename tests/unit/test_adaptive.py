@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_CLOSE_STEPS, HOLD_STEPS, MEASURED_FOR,
-                                          MEASURED_MIN, NEAR_ROWS, PLAIN_RIVAL_WITHIN, PRIOR_ROW_STEPS, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN,
-                                          AcceptanceEstimate, AdaptiveSpeculation, MedianCost, one_forward_per_token)
+from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_CLOSE_STEPS, HOLD_STEPS, PLAIN_RIVAL_WITHIN,
+                                          PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AdaptiveSpeculation,
+                                          one_forward_per_token)
+from anydraft.spec_decode.estimates import (DECAY, MEASURED_FOR, MEASURED_MIN, NEAR_ROWS, PRIOR_ACCEPTANCE,
+                                           PRIOR_ROW_STEPS, PRIOR_WEIGHT, AcceptanceEstimate, MedianCost)
 
 
 def test_first_step_drafts_the_most_to_measure_the_draft():
@@ -458,7 +460,6 @@ def test_a_measured_drafting_k_close_behind_a_plain_step_is_retimed_now_and_then
 def test_plain_steps_decay_the_acceptance_counts_when_next_read():
     """Steps that try nothing decay the counts once per step, as every step does, applied when next read or added
     to: the rates equal those of decaying on every step."""
-    from anydraft.spec_decode.adaptive import DECAY, PRIOR_ACCEPTANCE, PRIOR_WEIGHT
     estimate = AcceptanceEstimate(2)
     steps = [([2, 2], [2, 1]), ([0, 0], [0, 0]), ([0, 0], [0, 0]), ([2, 1], [0, 1]), ([0, 0], [0, 0])]
     tried, accepted = [0.0, 0.0], [0.0, 0.0]
