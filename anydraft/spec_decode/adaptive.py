@@ -7,10 +7,10 @@ all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + F(k) * T_dra
 is the number of draft forwards a proposal of k costs (the proposer says: k for a draft that writes a token per
 forward, 1 for a block drafter), each forward's cost the median of its recent measured times at each size,
 interpolated between sizes (target forwards timed at load, then every step refines them). Where a batch size (or
-one near it) has run whole steps at a k, their seconds and appended tokens price it instead (see estimates.StepRates). A step
-that stops drafting still probes now and then, so a cost or rate measured wrongly once is measured again; where the
-proposer can, a greedy probe drafts for one row only (the draft then reads one prompt and one row's text, not the
-batch's).
+one near it) has run whole steps at a k, their seconds and appended tokens price it instead (see
+estimates.StepRates). A step that stops drafting still probes now and then, so a cost or rate measured wrongly once
+is measured again; where the proposer can, a greedy probe drafts for one row only (the draft then reads one prompt
+and one row's text, not the batch's).
 The prompts of requests that joined are read by the draft once, by the first step that drafts for those rows:
 their seconds, at the draft's measured seconds per token read, are spread over the steps left to write the rows'
 remaining tokens (R / E(k) of them), so that short outputs do not start a draft whose prompt reading they cannot
