@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .estimates import NEAR_ROWS, PRIOR_ROW_STEPS, AcceptanceEstimate, MedianCost, ReadCost, StepRates
+from .estimates import PRIOR_ROW_STEPS, AcceptanceEstimate, MedianCost, ReadCost, StepRates, near_rows
 
 # Steps in a row without drafting before a probe step drafts anyway: a draft cost or acceptance measured badly
 # once (a noisy step) would otherwise never be measured again. The interval doubles after every probe that
@@ -113,11 +113,14 @@ class AdaptiveSpeculation:
         parts' price there (at `rows` itself: the median seconds); elsewhere the estimate's tokens and the parts'
         seconds scaled by the median ratio of measured to parts' seconds over the measured drafting ks."""
         tokens, seconds, ratios = list(expected), list(parts_seconds), {}
+        parts_at = {rows: parts_seconds}   # batch size -> its parts' seconds, each priced once
         for k in range(self.max_k + 1):
             if (near := self.step_rates.nearest(self._steps, rows, k)) is None:
                 continue
             measured_at, (median_seconds, appended, steps) = near
-            parts_there = parts_seconds[k] if measured_at == rows else self._parts(measured_at)[k]
+            if measured_at not in parts_at:
+                parts_at[measured_at] = self._parts(measured_at)
+            parts_there = parts_at[measured_at][k]
             if parts_there <= 0:
                 continue
             ratios[k] = median_seconds / parts_there
@@ -195,7 +198,7 @@ class AdaptiveSpeculation:
     def _due(self, rows: int, k: int) -> bool:
         """Whether k has not been chosen for RIVAL_AFTER steps at this batch size or one near it (NEAR_ROWS)."""
         return all(self._steps - step >= RIVAL_AFTER for r, step in self._last_at.get(k, {}).items()
-                   if rows <= r * NEAR_ROWS and r <= rows * NEAR_ROWS)
+                   if near_rows(rows, r))
 
     def _chose_at(self, rows: int, k: int) -> int:
         self._last_at.setdefault(k, {})[rows] = self._steps

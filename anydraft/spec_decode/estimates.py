@@ -33,6 +33,11 @@ PRIOR_ROW_STEPS = 64
 NEAR_ROWS = 2
 
 
+def near_rows(rows: int, other: int) -> bool:
+    """Whether two batch sizes are within NEAR_ROWS times each other."""
+    return rows <= other * NEAR_ROWS and other <= rows * NEAR_ROWS
+
+
 @dataclass
 class MedianCost:
     """Seconds of a forward as a function of its size x (tokens it reads, or rows): the median of the last `window`
@@ -187,8 +192,8 @@ class StepRates:
         (the larger on a tie: more rows, less noise) that has one; None if none has."""
         if (found := self.measured(step, rows, k)) is not None:
             return rows, found
-        near = sorted((r for r in self.rows_by_k.get(k, ()) if r != rows and rows <= r * NEAR_ROWS
-                       and r <= rows * NEAR_ROWS), key=lambda r: (abs(r - rows), -r))
+        near = sorted((r for r in self.rows_by_k.get(k, ()) if r != rows and near_rows(rows, r)),
+                      key=lambda r: (abs(r - rows), -r))
         for r in near:
             if (found := self.measured(step, r, k)) is not None:
                 return r, found
