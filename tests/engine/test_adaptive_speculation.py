@@ -108,8 +108,8 @@ def test_adaptive_choice_is_reported_and_learns_costs(ckpts, llms, prompts):
 
 @pytest.mark.parametrize("case, target, draft", BACKLOG_PAIRS, ids=[p[0] for p in BACKLOG_PAIRS])
 def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch, case, target, draft):
-    """A greedy probe drafts for one row of the batch; the others propose nothing that step and catch up on their
-    text (and a joining row on its prompt) when they next draft. Every proposal equals the draft's proposal from
+    """A greedy probe drafts for one row of the batch (the same one while it decodes); the others propose nothing
+    that step and catch up on their text (and a joining row on its prompt) when they next draft. Every proposal equals the draft's proposal from
     scratch on its row's sequence (no cache), and the output stays the target alone's."""
     from test_draft_sync import proposals_from_scratch
     target_dir = getattr(ckpts, target)
@@ -122,10 +122,16 @@ def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch
         speculation.probing = bool(k) and chooser.random() < 0.6
         return k
     monkeypatch.setattr(speculation, "choose", choose)
-    drafted_for = []
+    drafted_for, probed = [], []   # (rows, drafting rows, k) per step; (rows, the probe row) per probe
     drafting_rows = engine._drafting_rows
-    monkeypatch.setattr(engine, "_drafting_rows", lambda rows, sampling, k: drafted_for.append(
-        (len(rows), len(drafting_rows(rows, sampling, k)), k)) or drafting_rows(rows, sampling, k))
+
+    def recorded_drafting_rows(rows, sampling, k):
+        drafting = drafting_rows(rows, sampling, k)
+        drafted_for.append((len(rows), len(drafting), k))
+        if k and len(drafting) == 1 < len(rows):
+            probed.append((list(rows), drafting[0]))
+        return drafting
+    monkeypatch.setattr(engine, "_drafting_rows", recorded_drafting_rows)
     propose = proposer.propose
 
     def checked_propose(rows, sampling, num_tokens=None):
@@ -144,6 +150,11 @@ def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch
         assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
     assert any(rows > 1 and drafting == 1 and k for rows, drafting, k in drafted_for)        # one-row probes
     assert any(rows > 1 and drafting == rows and k for rows, drafting, k in drafted_for)     # whole-batch drafts
+    # A probe drafts for the row the last probe drafted for while that row decodes (its draft has read the text up
+    # to then), else for another.
+    follows = [(rows, row, last) for (_, last), (rows, row) in zip(probed, probed[1:])]
+    assert all(row == last for rows, row, last in follows if last in rows)
+    assert any(last in rows for rows, row, last in follows)
 
 
 def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_rows_may_still_write(
