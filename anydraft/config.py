@@ -63,9 +63,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def max_draft_tokens(self, step_k: int) -> int:
-        """Draft tokens this request verifies in a step that drafts step_k."""
-        return step_k if self.num_speculative_tokens is None else min(step_k, self.num_speculative_tokens)
 
 
 @dataclass

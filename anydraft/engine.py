@@ -114,7 +114,7 @@ class Engine:
                              f"{self.max_model_len} (prompt and output together); raise max_model_len or shorten "
                              f"the prompt")
         return Request(next(self._next_id), prompt, prompt_target_ids, params, RowRandom(params.seed),
-                       SpecStats(self.k), self.output.start(params))
+                       SpecStats(self.k), self.output.start(params, len(prompt_target_ids)))
 
     def add_request(self, prompt: str | None, params: SamplingParams,
                     prompt_target_ids: list[int] | None = None) -> Request:
@@ -168,15 +168,14 @@ class Engine:
             return []
         admitted = [chunks[i][0] for i in complete]
         first_target_ids = self._first_target_ids(admitted, last_hidden[complete])
-        joined = []
         now = time.perf_counter()
         for request, target_id in zip(admitted, first_target_ids):
             request.first_token_at = now
             self.last_target_id[request.row] = target_id
-            self._emit(request, [target_id])
-            if not request.finished:
-                self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
-                joined.append(request)
+        self._emit(admitted, [[target_id] for target_id in first_target_ids])
+        joined = [request for request in admitted if not request.finished]
+        for request in joined:
+            self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
         self.proposer.observe([r.row for r in joined], [0] * len(joined),
                               [[self.last_target_id[r.row]] for r in joined])
         return admitted
@@ -215,9 +214,7 @@ class Engine:
         drafting = self._drafting_rows(rows, sampling, k)                                 # all, or a probe's one
         read_tokens = self.proposer.unread_tokens(drafting) if k and self.speculation is not None else 0
         proposal = self._propose(rows, drafting, sampling, k)                             # [B, k] target ids
-        width = proposal.draft_target_ids.shape[1]   # k, or fewer when every row proposes fewer (ragged, SLEM)
-        counts = proposal.num_draft_tokens or [width] * len(rows)
-        row_drafts = [min(r.params.max_draft_tokens(width), n) for r, n in zip(step_requests, counts)]  # may cap
+        row_drafts = self._row_drafts(step_requests, proposal)                            # per row, may cap
         t1 = time.perf_counter()
         target_out = self._target_forward(rows, proposal, sampling, row_drafts)   # greedy ids or logits, see below
         t2 = time.perf_counter()
@@ -236,6 +233,17 @@ class Engine:
             stats.target_seconds += t2 - t1
             stats.other_seconds += t3 - t2
         return step_requests
+
+    @staticmethod
+    def _row_drafts(requests: list[Request], proposal: Proposal) -> list[int]:
+        """Draft tokens each row verifies: what it proposed (the proposal's width, k or fewer where every row proposes
+        fewer, or its own count), capped by its request's num_speculative_tokens."""
+        width = proposal.draft_target_ids.shape[1]
+        counts = proposal.num_draft_tokens or [width] * len(requests)
+        caps = [r.params.num_speculative_tokens for r in requests]
+        if not width or caps.count(None) == len(caps):
+            return list(counts)
+        return [n if cap is None or cap >= n else cap for n, cap in zip(counts, caps)]
 
     def _choose_k(self, step_requests: list[Request]) -> int:
         """Adaptive k for this step, told what the draft has yet to read and how many tokens the rows may still
@@ -292,7 +300,7 @@ class Engine:
         last = host_to_device([[self.last_target_id[r]] for r in rows], self.target.device, torch.long)
         target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
         width = target_input.shape[1]
-        num_new = None if all(n + 1 == width for n in row_drafts) else [n + 1 for n in row_drafts]
+        num_new = None if row_drafts.count(width - 1) == len(row_drafts) else [n + 1 for n in row_drafts]
         hidden = self.target.forward(rows, target_input, num_new)                                  # [B, k+1, hidden]
         if sampling is not None and sampling.keys is None:
             return self.target.logits(hidden)
@@ -337,7 +345,7 @@ class Engine:
                 row_drafts: list[int]) -> VerifyOutput:
         k = proposal.draft_target_ids.shape[1]
         # Ragged only when some request drafts fewer than the step's k (it opted out of speculation or capped it).
-        num_draft_tokens = (None if all(n == k for n in row_drafts)
+        num_draft_tokens = (None if row_drafts.count(k) == len(row_drafts)
                             else host_to_device(row_drafts, target_out.device, torch.long))        # [B]
         if sampling is None or not target_out.is_floating_point():   # ids: greedy, or drawn with nothing to verify
             return verify_greedy(target_out, proposal.draft_target_ids, num_draft_tokens)
@@ -359,7 +367,7 @@ class Engine:
 
     def _sampling_batch(self, requests: list[Request]) -> SamplingBatch | None:
         params = [r.params for r in requests]
-        if all(p.greedy for p in params):
+        if not any([p.temperature for p in params]):   # all greedy (temperature 0), in one call
             return None
         dev = self.target.device
         # None when no row truncates: logits_to_probs then skips its sort over the vocabulary (the costliest
@@ -375,19 +383,23 @@ class Engine:
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _record(self, step_requests: list[Request], row_drafts: list[int], num_accepted: list[int],
                 new_target_ids: list[list[int]]) -> None:
-        for request, drafted, accepted, target_ids in zip(step_requests, row_drafts, num_accepted, new_target_ids):
-            request.stats.observe_step(accepted, drafted)
-            self.stats.observe_step(accepted, drafted)
-            self.last_target_id[request.row] = target_ids[-1]
-            self._emit(request, target_ids)
+        """The step's verdict to each request's stats and output: a constant number of calls a step (none per row)
+        where no row ends, meets EOS or has stop strings (tests/engine/test_host_calls.py)."""
+        SpecStats.observe_rows([r.stats for r in step_requests] + [self.stats] * len(step_requests),
+                               num_accepted * 2, row_drafts * 2)
+        last_target_id = self.last_target_id
+        for request, target_ids in zip(step_requests, new_target_ids):
+            last_target_id[request.row] = target_ids[-1]
+        self._emit(step_requests, new_target_ids)
 
-    def _emit(self, request: Request, target_ids: list[int]) -> None:
-        """Give the request a step's new tokens (the output processor cuts them where the request ends: EOS,
-        length, stop string) and release its row if it ended."""
-        num_emitted = self.output.extend(request, target_ids)
-        request.stats.num_emitted += num_emitted
-        self.stats.num_emitted += num_emitted
-        if request.finished:
+    def _emit(self, requests: list[Request], new_target_ids: list[list[int]]) -> None:
+        """Give each request its new tokens (the output processor cuts them where the request ends: EOS, length,
+        stop string) and release the rows that ended."""
+        num_emitted, ended = self.output.extend_rows(requests, new_target_ids)
+        for request, n in zip(requests, num_emitted):
+            request.stats.num_emitted += n
+        self.stats.num_emitted += sum(num_emitted)
+        for request in ended:
             self._release(request)
 
     def run(self, progress=None) -> None:

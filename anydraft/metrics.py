@@ -40,13 +40,23 @@ class SpecStats:
 
     def observe_step(self, num_accepted: int, num_drafted: int | None = None) -> None:
         """One target forward verified num_drafted (default k) drafted tokens and accepted num_accepted of them."""
-        k = self.num_speculative_tokens if num_drafted is None else num_drafted
-        self.target_forwards += 1
-        self.num_drafted += k
-        self.num_accepted += num_accepted
-        self.k_histogram[k] = self.k_histogram.get(k, 0) + 1
-        for i in range(num_accepted):
-            self.accepted_at_position[i] += 1
+        SpecStats.observe_rows([self], [num_accepted],
+                               [self.num_speculative_tokens if num_drafted is None else num_drafted])
+
+    @staticmethod
+    def observe_rows(stats: list["SpecStats"], num_accepted: list[int], num_drafted: list[int]) -> None:
+        """One target forward for each row: stats[i] verified num_drafted[i] drafted tokens and accepted num_accepted[i]
+        of them. A row that accepted none costs no call (a plain step's bookkeeping does not grow by calls per row)."""
+        for row_stats, accepted, drafted in zip(stats, num_accepted, num_drafted):
+            row_stats.target_forwards += 1
+            row_stats.num_drafted += drafted
+            row_stats.num_accepted += accepted
+            histogram = row_stats.k_histogram
+            histogram[drafted] = histogram[drafted] + 1 if drafted in histogram else 1
+            if accepted:
+                positions = row_stats.accepted_at_position
+                for i in range(accepted):
+                    positions[i] += 1
 
     def merge(self, other: "SpecStats") -> None:
         if other.num_speculative_tokens != self.num_speculative_tokens:

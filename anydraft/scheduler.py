@@ -30,6 +30,7 @@ class Scheduler:
         self.free_rows = list(range(max_num_seqs))[::-1]
         self.waiting: deque = deque()
         self.running: dict[int, object] = {}        # row -> request (prefilling or decoding), in admission order
+        self.decoding: set[int] = set()              # the rows of `running` whose prompt is all in the cache
 
     def add(self, request) -> None:
         self.waiting.append(request)
@@ -38,20 +39,27 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledStep:
-        decode = [r for r in self.running.values() if r.num_prefilled == len(r.prompt_target_ids)]
+        """The step's prompt chunks and decoding requests. The prompts whose last chunk is scheduled here decode
+        from the next step on. Decoding rows cost no call each (a set lookup), so a step's host work here does not
+        grow by calls per row."""
+        decoding = self.decoding
+        decode = [r for r in self.running.values() if r.row in decoding]
         budget = self.max_num_batched_tokens - len(decode) * self.tokens_per_decode
         prefill = []
         for request in self.running.values():
-            remaining = len(request.prompt_target_ids) - request.num_prefilled
-            if remaining and budget > 0:
-                prefill.append((request, min(remaining, budget)))
-                budget -= prefill[-1][1]
+            if request.row in decoding or budget <= 0:
+                continue
+            prefill.append((request, min(len(request.prompt_target_ids) - request.num_prefilled, budget)))
+            budget -= prefill[-1][1]
         while budget > 0 and self.waiting and self.free_rows:
             request = self.waiting.popleft()
             request.row = self.free_rows.pop()
             self.running[request.row] = request
             prefill.append((request, min(len(request.prompt_target_ids), budget)))
             budget -= prefill[-1][1]
+        for request, n in prefill:
+            if request.num_prefilled + n == len(request.prompt_target_ids):
+                decoding.add(request.row)
         return ScheduledStep(prefill, decode)
 
     def remove(self, request) -> bool:
@@ -61,6 +69,7 @@ class Scheduler:
             return False
         if request.row is not None and self.running.get(request.row) is request:
             del self.running[request.row]
+            self.decoding.discard(request.row)
             self.free_rows.append(request.row)
             return True
         return False

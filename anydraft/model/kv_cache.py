@@ -59,8 +59,8 @@ class KVCache:
 
     def _lengths_checked(self, row_list: list[int], num_new: int, num_real: list[int] | None) -> list[int]:
         lengths = [self.lengths[r] for r in row_list]
-        real = [num_new] * len(row_list) if num_real is None else num_real
-        real_end = max(length + n for length, n in zip(lengths, real))
+        real_end = (max(lengths) + num_new if num_real is None
+                    else max([length + n for length, n in zip(lengths, num_real)]))
         if real_end > self.max_len:
             raise ValueError(f"sequence would reach {real_end} tokens, past the cache's max_len {self.max_len}; "
                              f"raise max_model_len or shorten the prompt / max_tokens")
@@ -71,7 +71,10 @@ class KVCache:
 
         What the native body takes instead of a CacheWindow; padding past max_len goes to the padding slot."""
         lengths = self._lengths_checked(rows, num_new, num_real)
-        return [min(length + s, self.max_len) for length in lengths for s in range(num_new)]
+        offsets = range(num_new)
+        if max(lengths) + num_new <= self.max_len:   # no padding reaches past max_len: no clamp (no call a token)
+            return [length + s for length in lengths for s in offsets]
+        return [min(length + s, self.max_len) for length in lengths for s in offsets]
 
     def window(self, rows: list[int] | None, num_new: int, num_real: list[int] | None = None) -> CacheWindow:
         """Positions and mask for appending num_new tokens to each of `rows` (None = every slot).

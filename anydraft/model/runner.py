@@ -177,7 +177,8 @@ class ModelRunner:
             input_ids, slots, positions = (input_ids.reshape(1, -1)[:, kept_t], [rows[m // seq_len] for m in kept],
                                            [positions[m] for m in kept])
         else:
-            slots = [row for row in rows for _ in range(seq_len)]
+            offsets = range(seq_len)
+            slots = [row for row in rows for _ in offsets]
         out = self.model.native(input_ids, self.cache, slots, positions, self.capture_layers)
         hidden, captured = out if self.capture_layers is not None else (out, None)
         if not ragged:

@@ -85,7 +85,7 @@ class DraftModelProposer:
         draft forwards' own measured times carry (priced as a one-off read, it made drafting after plain steps look
         cheap, and adaptive drafted at batch 64 where the target alone was faster)."""
         wanted = set(rows)
-        return sum(len(self.states[r].draft_ids) for r in self.unfilled_rows if r in wanted)
+        return sum(map(len, [self.states[r].draft_ids for r in self.unfilled_rows if r in wanted]))
 
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens

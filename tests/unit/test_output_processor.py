@@ -1,6 +1,7 @@
 """The output processor: incremental detokenization (partial UTF-8 held back) and stop-string holdback."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -118,14 +119,14 @@ def _reference_append(processor: OutputProcessor, request, target_id: int) -> No
 
 def _request(processor: OutputProcessor, params: SamplingParams, prompt_len: int):
     return SimpleNamespace(output_target_ids=[], params=params, prompt_target_ids=[0] * prompt_len,
-                           text_state=processor.start(params), finish_reason=None, stop_reason=None)
+                           text_state=processor.start(params, prompt_len), finish_reason=None, stop_reason=None)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_steps_tokens_at_once_equal_them_one_by_one(qwen3_processor, data):
-    """extend (a step's tokens in one call, text decoded once where no stop string can cut it) ends, cuts and spells
-    the output as the token-by-token rule does: EOS, ignore_eos, max_tokens, max_model_len, stop strings (also
+    """extend (a step's tokens in one call, text decoded once where no stop string can cut it) and extend_rows (a
+    step's rows in one call, text decoded when read) end, cut and spell the output as the token-by-token rule does: EOS, ignore_eos, max_tokens, max_model_len, stop strings (also
     completing across steps and on the EOS token), characters split across tokens and steps."""
     processor, vocabulary = qwen3_processor
     target_ids = data.draw(st.lists(st.sampled_from(vocabulary), min_size=1, max_size=40))
@@ -135,6 +136,8 @@ def test_a_steps_tokens_at_once_equal_them_one_by_one(qwen3_processor, data):
     prompt_len = data.draw(st.integers(1, 8))
     steps = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=40))
     reference, batched = _request(processor, params, prompt_len), _request(processor, params, prompt_len)
+    # The same tokens through extend_rows, beside a request without stop strings that takes every step's tokens.
+    in_rows, other = _request(processor, params, prompt_len), _request(processor, replace(params, stop=[]), prompt_len)
     for target_id in target_ids:
         _reference_append(processor, reference, target_id)
         if reference.finish_reason is not None:
@@ -143,16 +146,30 @@ def test_a_steps_tokens_at_once_equal_them_one_by_one(qwen3_processor, data):
     for size in steps * 40:
         if batched.finish_reason is not None or at >= len(target_ids):
             break
-        kept = processor.extend(batched, target_ids[at:at + size])
+        piece = target_ids[at:at + size]
+        kept = processor.extend(batched, piece)
         assert kept == len(batched.output_target_ids) - kept_total and 1 <= kept <= size
         assert kept == min(size, len(target_ids) - at) or batched.finish_reason is not None   # cut only at the end
+        rows = [request for request in (in_rows, other) if request.finish_reason is None]
+        kept_in_rows, ended = processor.extend_rows(rows, [piece] * len(rows))
+        assert kept_in_rows[0] == kept and ended == [r for r in rows if r.finish_reason is not None]
+        if data.draw(st.booleans()):   # text read mid-way (a stream) or not (decoded when the output ends)
+            assert batched.text_state.text == in_rows.text_state.text
         at, kept_total = at + size, kept_total + kept
     if batched.finish_reason is None:   # both ran out of tokens unfinished: decide the held text the same way
         assert reference.finish_reason is None
-        reference.text_state.close(), batched.text_state.close()
-    assert batched.output_target_ids == reference.output_target_ids
-    assert batched.text_state.text == reference.text_state.text
-    assert (batched.finish_reason, batched.stop_reason) == (reference.finish_reason, reference.stop_reason)
+        reference.text_state.close(), batched.text_state.close(), in_rows.text_state.close()
+    for request in (batched, in_rows):
+        assert request.output_target_ids == reference.output_target_ids
+        assert request.text_state.text == reference.text_state.text
+        assert (request.finish_reason, request.stop_reason) == (reference.finish_reason, reference.stop_reason)
+    alone = _request(processor, other.params, prompt_len)   # `other`, token by token
+    for target_id in target_ids[:len(other.output_target_ids)]:
+        _reference_append(processor, alone, target_id)
+    if other.finish_reason is None:
+        alone.text_state.close(), other.text_state.close()
+    assert other.output_target_ids == alone.output_target_ids and other.text_state.text == alone.text_state.text
+    assert (other.finish_reason, other.stop_reason) == (alone.finish_reason, alone.stop_reason)
 
 
 @pytest.fixture(scope="module")

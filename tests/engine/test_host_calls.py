@@ -1,0 +1,49 @@
+"""A decode step's host work does not grow by Python calls per row: a steady-state step (no row joins, ends, meets
+EOS or stops on a string) makes as many calls at batch 8 as at batch 2, for the target alone and for adaptive
+speculation's plain step. Counted with sys.setprofile: Python functions and C functions called from Python (a
+per-row loop of list and attribute operations counts none; a call per row counts B)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from anydraft.config import SamplingParams
+
+
+def calls_per_step(llm, prompts: list[str], rows: int) -> list[int]:
+    """Calls in each of three steady-state decode steps over `rows` requests."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    requests = [engine.add_request(prompt, params) for prompt in (prompts * 2)[:rows]]
+    while any(r.row not in engine.scheduler.decoding for r in requests):   # prompts in, first tokens out
+        engine.step()
+    engine.step()
+    counts = []
+    for _ in range(3):
+        calls = [0]
+
+        def count(frame, event, arg):
+            if event in ("call", "c_call"):
+                calls[0] += 1
+        sys.setprofile(count)
+        try:
+            engine.step()
+        finally:
+            sys.setprofile(None)
+        counts.append(calls[0])
+    assert not any(r.finished for r in requests)   # the steps counted were steady-state ones
+    for request in requests:
+        engine.abort(request)
+    return counts
+
+
+@pytest.mark.parametrize("speculation", ["target alone", "adaptive, plain step"])
+def test_a_steady_decode_step_makes_as_many_calls_at_batch_8_as_at_2(ckpts, llms, prompts, monkeypatch, speculation):
+    draft = None if speculation == "target alone" else ckpts.qwen3_draft
+    llm = llms.get(ckpts.qwen3_target, draft, k=3, max_num_seqs=8, **({} if draft is None else {"adaptive": True}))
+    if draft is not None:   # every step plain (the choice itself prices k = 0..max_k, whatever the batch)
+        monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows, *reading: 0)
+    at_2, at_8 = calls_per_step(llm, prompts, 2), calls_per_step(llm, prompts, 8)
+    assert at_2 == at_8, (at_2, at_8)
+    assert min(at_2) > 20   # the profile saw the step (a broken hook would count nothing at both sizes)
