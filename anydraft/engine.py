@@ -261,8 +261,7 @@ class Engine:
         step verifies ids (greedy, or coupled draws: no draft probabilities to widen). A probe measures acceptance
         and costs; the whole batch's draft catching up on its text made each cost several plain steps. The probe row
         stays the same while it decodes: its draft then reads only the text since the last probe, where a new row
-        each time read a whole prompt and output (a probe cost 2.5-5 ms over a 4 ms plain step at batch 16 on the
-        shipped pair, 3% of its throughput)."""
+        each time read a whole prompt and output first."""
         coupled_or_greedy = sampling is None or sampling.keys is not None
         if (not k or len(rows) == 1 or not coupled_or_greedy or self.speculation is None or not self.speculation.probing
                 or not getattr(self.proposer, "drafts_row_subsets", False)):
