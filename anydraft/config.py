@@ -63,6 +63,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @staticmethod
+    def all_greedy(params: list["SamplingParams"]) -> bool:
+        """Whether every one is greedy (as `greedy`, temperature 0), in a constant number of calls: a decode step
+        asks it of its whole batch."""
+        return not any([p.temperature for p in params])
 
 
 @dataclass

@@ -366,7 +366,7 @@ class Engine:
 
     def _sampling_batch(self, requests: list[Request]) -> SamplingBatch | None:
         params = [r.params for r in requests]
-        if not any([p.temperature for p in params]):   # all greedy (temperature 0), in one call
+        if SamplingParams.all_greedy(params):
             return None
         dev = self.target.device
         # None when no row truncates: logits_to_probs then skips its sort over the vocabulary (the costliest

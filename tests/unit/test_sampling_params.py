@@ -1,0 +1,14 @@
+"""SamplingParams: the batch-wide greedy test agrees with each request's own `greedy`."""
+from __future__ import annotations
+
+import pytest
+
+from anydraft.config import SamplingParams
+
+
+@pytest.mark.parametrize("temperatures, expected", [([], True), ([0], True), ([0, 0, 0], True), ([0.7], False),
+                                                    ([0, 1e-6], False), ([1.0, 0, 0.5], False)])
+def test_all_greedy_is_every_greedy(temperatures, expected):
+    params = [SamplingParams(temperature=t) for t in temperatures]
+    assert SamplingParams.all_greedy(params) is expected
+    assert all(p.greedy for p in params) is expected
