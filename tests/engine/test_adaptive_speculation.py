@@ -109,8 +109,9 @@ def test_adaptive_choice_is_reported_and_learns_costs(ckpts, llms, prompts):
 @pytest.mark.parametrize("case, target, draft", BACKLOG_PAIRS, ids=[p[0] for p in BACKLOG_PAIRS])
 def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch, case, target, draft):
     """A greedy probe drafts for one row of the batch (the same one while it decodes); the others propose nothing
-    that step and catch up on their text (and a joining row on its prompt) when they next draft. Every proposal equals the draft's proposal from
-    scratch on its row's sequence (no cache), and the output stays the target alone's."""
+    that step and catch up on their text (and a joining row on its prompt) when they next draft. Every proposal
+    equals the draft's proposal from scratch on its row's sequence (no cache), and the output stays the target
+    alone's."""
     from test_draft_sync import proposals_from_scratch
     target_dir = getattr(ckpts, target)
     llm = llms.get(target_dir, getattr(ckpts, draft), k=3, max_num_seqs=3, adaptive=True)

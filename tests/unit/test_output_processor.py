@@ -126,8 +126,9 @@ def _request(processor: OutputProcessor, params: SamplingParams, prompt_len: int
 @given(data=st.data())
 def test_a_steps_tokens_at_once_equal_them_one_by_one(qwen3_processor, data):
     """extend (a step's tokens in one call, text decoded once where no stop string can cut it) and extend_rows (a
-    step's rows in one call, text decoded when read) end, cut and spell the output as the token-by-token rule does: EOS, ignore_eos, max_tokens, max_model_len, stop strings (also
-    completing across steps and on the EOS token), characters split across tokens and steps."""
+    step's rows in one call, text decoded when read) end, cut and spell the output as the token-by-token rule does:
+    EOS, ignore_eos, max_tokens, max_model_len, stop strings (also completing across steps and on the EOS token),
+    characters split across tokens and steps."""
     processor, vocabulary = qwen3_processor
     target_ids = data.draw(st.lists(st.sampled_from(vocabulary), min_size=1, max_size=40))
     stops = data.draw(st.lists(st.sampled_from(["#", "##", " 4", "é", "🙂🚀", "\n#", "zz"]), max_size=2))
