@@ -50,6 +50,16 @@ class KVCache:
         """Keep only the first `length` entries of a row."""
         self.rewind([row], [self.lengths[row] - length])
 
+    def keep_at_most(self, rows: list[int], lengths: list[int]) -> None:
+        """Keep at most lengths[i] entries of rows[i] (a row already shorter keeps its own): a batch of truncations
+        in one call, none per row."""
+        held = self.lengths
+        for row, length in zip(rows, lengths):
+            if length < 0:
+                raise ValueError(f"cannot keep {length} entries of row {row}")
+            if length < held[row]:
+                held[row] = length
+
     def reset(self, row: int) -> None:
         self.lengths[row] = 0
 

@@ -56,14 +56,16 @@ class DraftModelProposer:
             self.unfilled_rows.remove(row)
         self.runner.cache.reset(row)
 
-    def _pending(self, row: int) -> list[int]:
-        draft_ids = self.states[row].draft_ids
-        cached = self.runner.cache.length(row)
-        if cached >= len(draft_ids):
+    def _pending_ids(self, rows: list[int], draft_id_lists: list[list[int]]) -> list[list[int]]:
+        """Each row's draft ids past its cache: what the next forward feeds."""
+        lengths = self.runner.cache.lengths
+        pending = [draft_ids[lengths[row]:] for row, draft_ids in zip(rows, draft_id_lists)]
+        if [] in pending:
             # Re-sync may leave nothing new (bytes still pending); re-feed the last token to get its logits.
-            cached = len(draft_ids) - 1
-            self.runner.cache.truncate(row, cached)
-        return draft_ids[cached:]
+            last = [len(ids) - 1 if not new else lengths[row] for row, ids, new in zip(rows, draft_id_lists, pending)]
+            self.runner.cache.keep_at_most(rows, last)
+            pending = [draft_ids[lengths[row]:] for row, draft_ids in zip(rows, draft_id_lists)]
+        return pending
 
     # propose() may be given some of the running rows (an adaptive probe drafts for one): observe() then sees all
     # of them, the others with nothing proposed, and they catch up when they next draft.
@@ -101,13 +103,16 @@ class DraftModelProposer:
             if fits:
                 runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
             self.unfilled_rows = [r for r in self.unfilled_rows if r not in joined]
-        pending = [self._pending(r) for r in rows]
+        draft_id_lists = [self.states[r].draft_ids for r in rows]
+        pending = self._pending_ids(rows, draft_id_lists)
         # Another tokenizer may spell the text in many more tokens than the target's, so a row's draft sequence
         # can outgrow the draft cache. Such a row stops drafting: it proposes a fixed token (q one-hot on it),
-        # which verification handles like any proposal, so the output stays the target's.
-        live = [i for i, (r, p) in enumerate(zip(rows, pending)) if len(p) + k - 1 <= runner.cache.room(r)]
-        if len(live) == len(rows):
+        # which verification handles like any proposal, so the output stays the target's. (A row's cached and
+        # pending tokens are its draft ids: it has room for k - 1 more past them, or not.)
+        longest_drafting = runner.cache.max_len - k + 1
+        if max(map(len, draft_id_lists)) <= longest_drafting:
             return self._draft(rows, pending, sampling, k)
+        live = [i for i, ids in enumerate(draft_id_lists) if len(ids) <= longest_drafting]
         batch = len(rows)
         draft_target_ids = torch.full((batch, k), FULL_ROW_PROPOSAL, dtype=torch.long, device=self.device)
         draft_probs = None
@@ -133,9 +138,9 @@ class DraftModelProposer:
     def _draft(self, rows: list[int], pending: list[list[int]], sampling: SamplingBatch | None, k: int) -> Proposal:
         """Feed each row's pending draft ids, then write k tokens (k - 1 more single-token forwards)."""
         runner = self.runner
-        lengths = [len(p) for p in pending]
+        lengths = list(map(len, pending))
         width = max(lengths)
-        draft_input = host_to_device([p + [0] * (width - len(p)) for p in pending], self.device, torch.long)
+        draft_input = host_to_device([p + [0] * (width - n) for p, n in zip(pending, lengths)], self.device, torch.long)
         hidden = runner.forward(rows, draft_input, num_new=lengths)                       # [B, P, hidden]
         last = host_to_device(lengths, self.device, torch.long) - 1
         hidden = hidden[torch.arange(len(rows), device=self.device), last][:, None]      # [B, 1, hidden]
@@ -164,26 +169,36 @@ class DraftModelProposer:
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
         k, drafted = self.num_proposed, self.drafted_rows
         self.drafted_rows = frozenset()   # a later observe (rows joining) follows no propose
-        waiting = {row: ids for row, ids in zip(rows, new_target_ids) if row not in drafted}
-        if waiting:   # rows with nothing new in the cache: they read this when they next draft
-            self.backlog.append(waiting)
-        for row, accepted, target_ids in zip(rows, num_accepted, new_target_ids):
-            if row in drafted:   # the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host
-                self._extend(row, target_ids, [self.vocab.sync.draft_id_of(t)
-                                               for t in target_ids[:min(accepted, k - 1)]])
+        if drafted.issuperset(rows):   # the common drafting step: every row drafted
+            read_rows, read_ids, accepted = rows, new_target_ids, num_accepted
+        else:
+            waiting = {row: ids for row, ids in zip(rows, new_target_ids) if row not in drafted}
+            self.backlog.append(waiting)   # rows with nothing new in the cache: they read this when they next draft
+            picked = [i for i, row in enumerate(rows) if row in drafted]
+            read_rows = [rows[i] for i in picked]
+            read_ids = [new_target_ids[i] for i in picked]
+            accepted = [num_accepted[i] for i in picked]
+        if read_rows:   # the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host
+            self._extend_rows(read_rows, read_ids, [n if n < k else k - 1 for n in accepted])
 
     def _read_backlog(self, rows: list[int] | None = None) -> None:
-        """Re-sync `rows` (default: all) on the text appended since each last drafted, in one call per row (re-sync
-        reads target tokens one at a time, so one call on their concatenation is the calls in turn), then drop
-        the entries every row has read."""
+        """Re-sync `rows` (default: all) on the text appended since each last drafted, the rows' concatenated
+        entries at once (re-sync reads target tokens one at a time, so one call on their concatenation is the calls
+        in turn), then drop the entries every row has read."""
+        if not self.backlog:
+            return
         end = self.backlog_base + len(self.backlog)
+        read_rows, read_ids = [], []
         for row in self.states if rows is None else rows:
             start = self.backlog_start.get(row, end)
             if start < end:
                 target_ids = [t for entry in self.backlog[start - self.backlog_base:] for t in entry.get(row, ())]
                 if target_ids:
-                    self._extend(row, target_ids, [])
+                    read_rows.append(row)
+                    read_ids.append(target_ids)
                 self.backlog_start[row] = end
+        if read_rows:
+            self._extend_rows(read_rows, read_ids, [0] * len(read_rows))
         self._drop_read_backlog()
 
     def _drop_read_backlog(self) -> None:
@@ -193,14 +208,28 @@ class DraftModelProposer:
         del self.backlog[:first_unread - self.backlog_base]
         self.backlog_base = first_unread
 
-    def _extend(self, row: int, target_ids: list[int], fed_accepted: list[int]) -> None:
-        """Append target tokens to the row's draft text; the cache keeps the prefix that re-sync left unchanged
-        (plus the accepted proposals it already holds, fed_accepted, where they survive as draft ids)."""
-        state = self.states[row]
+    def _extend_rows(self, rows: list[int], target_id_lists: list[list[int]], num_fed: list[int]) -> None:
+        """Append target tokens to each row's draft text; its cache keeps the prefix that re-sync left unchanged, plus
+        the first num_fed[i] new tokens where the cache holds them already (the accepted proposals fed back while
+        drafting) and they survive as the same draft ids. Rows that re-sync only appends to (no bytes pending, every
+        token in the draft's vocabulary: most rows of most steps) go through in a few calls for all of them."""
+        states = [self.states[row] for row in rows]
+        num_before = list(map(len, [state.draft_ids for state in states]))
+        appended = self.vocab.sync.append_direct(states, target_id_lists)
+        keep = [n + fed for n, fed in zip(num_before, num_fed)]   # appended: the fed proposals are the first new ids
+        if False in appended:
+            for i, (state, target_ids, fed, done) in enumerate(zip(states, target_id_lists, num_fed, appended)):
+                if not done:
+                    keep[i] = self._resync_row(state, target_ids, fed)
+        self.runner.cache.keep_at_most(rows, keep)
+
+    def _resync_row(self, state, target_ids: list[int], num_fed: int) -> int:
+        """Re-sync one row on its new target tokens; returns how many draft ids at the front still hold in its cache."""
+        fed_accepted = [self.vocab.sync.draft_id_of(t) for t in target_ids[:num_fed]]
         num_before = len(state.draft_ids)
         num_dropped = self.vocab.sync.extend(state, target_ids)
         keep = num_before - num_dropped
         while (keep - num_before < len(fed_accepted) and keep < len(state.draft_ids)
                and keep >= num_before and state.draft_ids[keep] == fed_accepted[keep - num_before]):
             keep += 1
-        self.runner.cache.truncate(row, min(keep, self.runner.cache.length(row)))
+        return keep

@@ -29,6 +29,9 @@ class ContextSync(Protocol):
     def start(self, prompt_text: str, prompt_target_ids: list[int]): ...
     def extend(self, state, target_ids: list[int]) -> int:
         """Append target tokens to state.draft_ids; returns how many trailing draft ids were dropped first."""
+    def append_direct(self, states: list, target_id_lists: list[list[int]]) -> list[bool]:
+        """`extend` for each row where nothing is dropped (a few calls for all rows); returns which rows it
+        extended: the others need `extend`."""
     def draft_id_of(self, target_id: int) -> int:
         """Draft input id of a token the draft itself proposed (always in the intersection)."""
 
@@ -42,6 +45,11 @@ class SharedVocabSync:
     def extend(self, state, target_ids):
         state.draft_ids.extend(target_ids)
         return 0
+
+    def append_direct(self, states, target_id_lists):
+        for state, target_ids in zip(states, target_id_lists):
+            state.draft_ids += target_ids
+        return [True] * len(states)
 
     def draft_id_of(self, target_id):
         return target_id
@@ -59,6 +67,9 @@ class ResyncContextSync:
 
     def extend(self, state, target_ids):
         return self.resync.extend(state, target_ids).num_dropped
+
+    def append_direct(self, states, target_id_lists):
+        return self.resync.append_direct(states, target_id_lists)
 
     def draft_id_of(self, target_id):
         return self.target_to_draft[target_id]

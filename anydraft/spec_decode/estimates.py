@@ -117,12 +117,21 @@ class AcceptanceEstimate:
         if not any(num_drafted):   # a plain step: nothing tried (no loop over its rows)
             return
         self._decay()
+        # Rows by how many of their first positions were decided (accepted, or the rejected one) and accepted:
+        # counted in one pass without a call per row, then added to every position they cover.
+        max_k = self.max_k
+        decided, passed = [0] * (max_k + 1), [0] * (max_k + 1)
         for drafted, accepted in zip(num_drafted, num_accepted):
-            if not drafted:
-                continue
-            for i in range(min(accepted + 1, drafted, self.max_k)):
-                self.tried[i] += 1.0
-                self.accepted[i] += 1.0 if i < accepted else 0.0
+            if drafted:   # accepted <= drafted; the rejected position is decided only where the row drafted it
+                reach = accepted + 1 if accepted < drafted else drafted
+                decided[reach if reach < max_k else max_k] += 1
+                passed[accepted if accepted < max_k else max_k] += 1
+        rows_decided = rows_passed = 0
+        for i in range(max_k - 1, -1, -1):
+            rows_decided += decided[i + 1]
+            rows_passed += passed[i + 1]
+            self.tried[i] += rows_decided
+            self.accepted[i] += rows_passed
 
     def _decay(self) -> None:
         if self.pending_decays:

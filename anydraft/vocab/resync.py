@@ -57,6 +57,11 @@ class DraftResync:
             self._target_to_draft: list[int] | None = None
         else:
             self._target_to_draft = bridge.target_to_draft.tolist()  # [V_target_rows]; plain list for the hot path
+        # The draft id `extend` appends for a target id as it is (a text token the draft spells alone), -1 where it
+        # reads the token's bytes or role instead: `append_direct`'s table.
+        text_kinds = [kind not in _NO_TEXT_KINDS for kind in self._target_kinds]
+        mapped = range(len(text_kinds)) if self._target_to_draft is None else self._target_to_draft
+        self._direct = [d if text else -1 for d, text in zip(mapped, text_kinds)]  # [V_target_tokens]
 
     # --- prompt -----------------------------------------------------------------------------
     def draft_ids_for_text(self, text: str) -> list[int]:
@@ -94,6 +99,25 @@ class DraftResync:
                 state.pending += self._target_bytes[target_id]
                 keep = min(keep, self._flush(state, force=False))
         return ResyncEdit(num_dropped=start_len - keep, appended=state.draft_ids[keep:])
+
+    def append_direct(self, states: list[ResyncState], target_id_lists: list[list[int]]) -> list[bool]:
+        """`extend` for every row where it only appends (no pending bytes, each target id a text token with a draft
+        id); returns which rows it extended, the others are left to `extend`. A few calls a step whatever the number
+        of rows: the common decode step's re-sync without a call per row or per token."""
+        flat = [t for ids in target_id_lists for t in ids]
+        direct = self._direct
+        if not flat or min(flat) < 0 or max(flat) >= len(direct):
+            return [False] * len(states)   # `extend` says what is wrong with an id
+        mapped = list(map(direct.__getitem__, flat))
+        done = [False] * len(states)
+        end = 0
+        for i, (state, num_ids) in enumerate(zip(states, map(len, target_id_lists))):
+            start, end = end, end + num_ids
+            draft_ids = mapped[start:end]
+            if -1 not in draft_ids and not state.pending:
+                state.draft_ids += draft_ids
+                done[i] = True
+        return done
 
     def extend_bytes(self, state: ResyncState, data: bytes) -> ResyncEdit:
         """Append text the target accepted as bytes (SLEM: past the draft's own whole tokens); no specials."""

@@ -1,6 +1,8 @@
 """Adaptive speculation's choice of k from acceptance estimates and a step cost model (no model involved)."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_CLOSE_STEPS, HOLD_STEPS, PLAIN_RIVAL_WITHIN,
@@ -457,19 +459,42 @@ def test_a_measured_drafting_k_close_behind_a_plain_step_is_retimed_now_and_then
                 if k and not probe]
 
 
+def _counts_row_by_row(steps, max_k):
+    """The acceptance counting rule, a row at a time: positions 1..accepted accepted, the next one (if the row
+    drafted it) rejected; every step decays the counts first."""
+    tried, accepted = [0.0] * max_k, [0.0] * max_k
+    for num_drafted, num_accepted in steps:
+        tried, accepted = [t * DECAY for t in tried], [a * DECAY for a in accepted]
+        for drafted, n in zip(num_drafted, num_accepted):
+            for i in range(min(n + 1, drafted, max_k)):
+                tried[i] += 1.0
+                accepted[i] += 1.0 if i < n else 0.0
+    return tried, accepted
+
+
+def test_acceptance_counts_of_ragged_batches_equal_the_row_by_row_rule():
+    """The batch counting (rows binned by how far they reached) against the rule row by row, on random steps with
+    rows that drafted fewer than k, none, or all accepted."""
+    rng = random.Random(5)
+    for max_k in (1, 3, 5):
+        estimate, steps = AcceptanceEstimate(max_k), []
+        for _ in range(60):
+            num_drafted = [rng.randint(0, max_k) for _ in range(rng.randint(1, 20))]
+            steps.append((num_drafted, [rng.randint(0, d) for d in num_drafted]))
+            estimate.observe(*steps[-1])
+        tried, accepted = _counts_row_by_row(steps, max_k)
+        estimate.rates()   # applies the pending decays
+        assert estimate.tried == pytest.approx(tried, rel=1e-12) and estimate.accepted == pytest.approx(accepted, rel=1e-12)
+
+
 def test_plain_steps_decay_the_acceptance_counts_when_next_read():
     """Steps that try nothing decay the counts once per step, as every step does, applied when next read or added
     to: the rates equal those of decaying on every step."""
     estimate = AcceptanceEstimate(2)
     steps = [([2, 2], [2, 1]), ([0, 0], [0, 0]), ([0, 0], [0, 0]), ([2, 1], [0, 1]), ([0, 0], [0, 0])]
-    tried, accepted = [0.0, 0.0], [0.0, 0.0]
     for num_drafted, num_accepted in steps:
         estimate.observe(num_drafted, num_accepted)
-        tried, accepted = [t * DECAY for t in tried], [a * DECAY for a in accepted]
-        for drafted, n in zip(num_drafted, num_accepted):
-            for i in range(min(n + 1, drafted)):
-                tried[i] += 1.0
-                accepted[i] += 1.0 if i < n else 0.0
+    tried, accepted = _counts_row_by_row(steps, 2)
     first = (accepted[0] + PRIOR_ACCEPTANCE * PRIOR_WEIGHT) / (tried[0] + PRIOR_WEIGHT)
     second = (accepted[1] + first * PRIOR_WEIGHT) / (tried[1] + PRIOR_WEIGHT)
     assert estimate.rates() == pytest.approx([first, second], rel=1e-12)

@@ -184,3 +184,51 @@ def test_identity_bridge_passes_ids_through(load_tokenizer):
     assert resync.extend(state, target_ids).appended == target_ids
     with pytest.raises(ValueError, match="window"):
         DraftResync(VocabBridge.build(gpt2, gpt2), gpt2, gpt2, window=0)
+
+
+@pytest.mark.parametrize("target,draft", [("qwen3", "llama2"), ("qwen3", "smollm2"), ("gpt2", "mistral_v0.1")])
+def test_append_direct_is_extend_for_the_rows_it_takes(resync_of, load_tokenizer, target, draft):
+    """append_direct (a batch's re-sync in a few calls) against extend row by row: the rows it takes end exactly as
+    extend leaves them, having only appended; the rows it leaves (pending bytes, a token outside the draft's
+    vocabulary, a special) are untouched. Both kinds occur (the test would pass vacuously otherwise)."""
+    resync = resync_of(target, draft)
+    target_tok = load_tokenizer(target)
+    taken = {True: 0, False: 0}
+
+    @PROPERTY
+    @given(rows=st.lists(st.tuples(SEGMENTS, st.integers(0, 40), SEGMENTS, st.sampled_from(["Q: ", "日本", "x\n"])),
+                         min_size=1, max_size=5))
+    def run(rows):
+        states, news = [], []
+        for before, cut, after, prompt in rows:
+            state = resync.new_state(prompt)
+            resync.extend(state, target_token_stream(target_tok, before)[:cut])   # may end mid-character: pending
+            states.append(state)
+            news.append(target_token_stream(target_tok, after) or [target_tok.eos_token_ids[0]])
+        split_char = resync.new_state("Q: ")   # and a row waiting for the rest of a character: bytes pending
+        split_char.pending = "日".encode()[:2]
+        states.append(split_char)
+        news.append(news[0])
+        by_extend = [ResyncState(list(s.draft_ids), s.pending, s.prompt_len, s.dropped_bytes) for s in states]
+        olds = [list(s.draft_ids) for s in states]
+        appended = resync.append_direct(states, news)
+        for state, old, new, done, reference in zip(states, olds, news, appended, by_extend):
+            taken[done] += 1
+            if done:
+                resync.extend(reference, new)
+                assert state == reference and state.draft_ids[:len(old)] == old
+            else:
+                assert state.draft_ids == old and state.pending == reference.pending
+
+    run()
+    assert taken[True] and taken[False], taken
+
+
+def test_append_direct_leaves_a_bad_id_to_extend(resync_of, load_tokenizer):
+    resync = resync_of("qwen3", "llama2")
+    states = [resync.new_state("Q: "), resync.new_state("A: ")]
+    vocab_size = len(load_tokenizer("qwen3").token_table.token_kinds)
+    for bad in (-1, vocab_size):
+        assert resync.append_direct(states, [[100], [bad]]) == [False, False]
+        with pytest.raises(ValueError, match="outside the target vocabulary"):
+            resync.extend(states[1], [bad])
