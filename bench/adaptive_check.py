@@ -6,7 +6,8 @@ alone, 16 GSM8K test prompts decoded together. Batch 1: the same settings vs {"n
 Greedy, max 128 tokens, medians of --repeats rounds after a warm-up; within a round the contenders of a batch
 size decode the same group of prompts (all 16 at batch 16, each prompt at batch 1) taking turns step by step, in
 rotating order, each timed over its own steps. Outputs are checked equal across the contenders (greedy is
-lossless).
+lossless). --control adds a second target-alone LLM at batch 16: two identical contenders, whose ratio shows how
+far this machine moves the must-show's ratio by itself.
 
     python bench/adaptive_check.py --out bench/results/<date>-adaptive/check.json
 """
@@ -48,6 +49,9 @@ def main() -> None:
                         help="a target-alone contender at the extra sizes (--no-target-alone: one LLM fewer, where a "
                              "real-shaped pair's LLMs do not all fit in memory; adaptive is then checked against the "
                              "fixed k of this run and the target alone of another)")
+    parser.add_argument("--control", action="store_true",
+                        help="a second target-alone LLM at batch 16, interleaved as the others: its ratio to the first "
+                             "is this run's noise floor for the must-show's ratio (two identical contenders)")
     parser.add_argument("--max-model-len", type=int, default=2048,
                         help="each LLM's; a real-shaped target's KV cache at batch 64 needs it small on 24 GiB")
     parser.add_argument("--out", required=True)
@@ -70,10 +74,12 @@ def main() -> None:
         if name.startswith("fixed k="):
             speculative = {"model": args.draft, "num_speculative_tokens": int(name[8:]), "adaptive": False}
         else:
-            speculative = {"target alone": None, "adaptive k<=5": {"model": args.draft}}[name]
+            speculative = {"target alone": None, "target alone (control)": None,
+                           "adaptive k<=5": {"model": args.draft}}[name]
         return LLM(args.target, speculative, max_num_seqs=b, max_model_len=args.max_model_len)
 
-    groups = [("batch16", ["adaptive k<=5", "target alone"], batch),
+    control = ["target alone (control)"] if args.control else []
+    groups = [("batch16", ["adaptive k<=5", "target alone", *control], batch),
               ("batch1", ["adaptive k<=5", "fixed k=3", "target alone"], 1)] if args.must_show else []
     alone = ["target alone"] if args.target_alone else []
     groups += [(f"extra batch{b}", ["adaptive k<=5", *fixed, *alone], b) for b in extra]
@@ -124,6 +130,10 @@ def main() -> None:
         / runs["batch1 fixed k=3"]["tokens_per_second_median"],
         "batch1 adaptive / target alone": runs["batch1 adaptive k<=5"]["tokens_per_second_median"]
         / runs["batch1 target alone"]["tokens_per_second_median"]} if args.must_show else {}
+    if args.must_show and args.control:
+        result["ratios"]["batch16 control / target alone"] = (
+            runs["batch16 target alone (control)"]["tokens_per_second_median"]
+            / runs["batch16 target alone"]["tokens_per_second_median"])
     rivals = [*fixed, *alone]
     for b in extra:   # the goal: adaptive >= 0.95 x the better of the target alone and the fixed k
         median = {name: runs[f"extra batch{b} {name}"]["tokens_per_second_median"]

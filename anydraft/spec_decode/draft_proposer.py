@@ -86,6 +86,8 @@ class DraftModelProposer:
         a run that alternates plain and drafting steps reads one every time it drafts, a recurring cost that the
         draft forwards' own measured times carry (priced as a one-off read, it made drafting after plain steps look
         cheap, and adaptive drafted at batch 64 where the target alone was faster)."""
+        if not self.unfilled_rows:
+            return 0
         wanted = set(rows)
         return sum(map(len, [self.states[r].draft_ids for r in self.unfilled_rows if r in wanted]))
 
