@@ -51,7 +51,9 @@ DRAFT_MARGIN = 1.05
 # A plain step chosen while every drafting k is priced at most HOLD_BELOW of it is chosen again, unpriced, for the
 # next HOLD_STEPS steps at that batch size (probes still come on time): pricing six ks touches enough Python state to
 # cost ~0.1 ms of a plain step in place (2% at batch 16 on the shipped pair, against 14 us timed warm), and evidence
-# that far apart does not flip within a few plain steps. The prompts waiting to be read must be the ones priced (as
+# that far apart does not flip within a few plain steps. Nor is a held step measured (the plain steps priced around
+# it are): in four process pairs step-interleaved with the target alone at batch 16, not measuring them moved
+# adaptive from 0.92-0.96x to 0.95-0.98x of it. The prompts waiting to be read must be the ones priced (as
 # rows write, their reading only gets dearer per token left to write). Priced closer (within the drafting margin), a
 # plain step is held for HOLD_CLOSE_STEPS: priced on every step there, pricing cost 0.1-0.18 ms of each 5 ms plain
 # step at batch 16 (timed in place on the shipped pair), and a switch to drafting one or two steps late costs less.
@@ -88,6 +90,7 @@ class AdaptiveSpeculation:
     _last_at: dict[int, dict[int, int]] = field(default_factory=dict)   # k -> rows -> the step that last chose it
     # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with)
     _held: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _unpriced: bool = False   # the last choice was a held plain step: its step is not measured (see observe_step)
     _steps: int = 0
 
     def __post_init__(self):
@@ -156,7 +159,8 @@ class AdaptiveSpeculation:
             return self._chose(self.max_k)
         rates = None
         held, held_unread = self._held.get(rows, (0, 0))
-        if held and held_unread == unread_tokens:
+        self._unpriced = bool(held) and held_unread == unread_tokens
+        if self._unpriced:
             self._held[rows] = (held - 1, unread_tokens)
             best = 0
         else:
@@ -167,7 +171,7 @@ class AdaptiveSpeculation:
             if not best:
                 far = max(rates[1:]) <= HOLD_BELOW * rates[0]
                 self._held[rows] = (HOLD_STEPS if far else HOLD_CLOSE_STEPS, unread_tokens)
-        probes = self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
+        probes = self._probes.get(rows.bit_length()) or self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
         if best:
             probes[:] = [0, PROBE_AFTER]
             if rates[0] >= PLAIN_RIVAL_WITHIN * rates[best] and self._due(rows, 0):
@@ -188,6 +192,7 @@ class AdaptiveSpeculation:
             return self._chose_at(rows, 0)
         probes[:] = [0, min(2 * probes[1], PROBE_AFTER_MAX)]
         self._held.pop(rows, None)   # the probe brings evidence: price the next step
+        self._unpriced = False
         rates = rates or self._priced(rows, unread_tokens, remaining_tokens)
         return self._chose(max(range(1, self.max_k + 1), key=lambda k: (rates[k], k)), probe=True)
 
@@ -201,7 +206,7 @@ class AdaptiveSpeculation:
                    if near_rows(rows, r))
 
     def _chose_at(self, rows: int, k: int) -> int:
-        self._last_at.setdefault(k, {})[rows] = self._steps
+        (self._last_at.get(k) or self._last_at.setdefault(k, {}))[rows] = self._steps
         return self._chose(k)
 
     def _chose(self, k: int, probe: bool = False) -> int:
@@ -220,6 +225,9 @@ class AdaptiveSpeculation:
         for (default all);
         read_tokens: the new prompts' tokens the draft read in this step (its time, beyond the step's draft forwards
         at their known cost, prices reading)."""
+        if not k and self._unpriced:   # a held plain step: measured on the plain steps priced around it
+            self.acceptance.observe_plain()
+            return
         drafting_rows = rows if draft_rows is None else draft_rows
         if k and read_tokens >= drafting_rows and draft_seconds is not None:   # a token a row or more: a read
             if self.draft_cost.estimates:

@@ -427,6 +427,20 @@ def test_a_plain_step_far_ahead_is_held_unpriced_for_a_few_steps():
     assert len(calls) == -(-(PROBE_AFTER - 1) // (HOLD_CLOSE_STEPS + 1))
 
 
+def test_a_held_plain_step_is_not_measured_but_still_decays_the_acceptance():
+    """A plain step chosen unpriced (held) leaves the cost estimates as they are (the plain steps priced around it
+    measure plain steps) yet counts as a step for the acceptance decay; a priced plain step is measured."""
+    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=False)   # k = 0 far ahead: held after one pricing
+    assert spec.choose(rows=16) == 0 and not spec._unpriced   # priced
+    spec.observe_step(16, 0, [0] * 16, draft_seconds=0.0, target_seconds=0.5, host_seconds=0.0)
+    assert spec.target_cost.samples[16][-1] == 0.5
+    decays = spec.acceptance.pending_decays
+    assert spec.choose(rows=16) == 0 and spec._unpriced      # held
+    spec.observe_step(16, 0, [0] * 16, draft_seconds=0.0, target_seconds=9.0, host_seconds=9.0)
+    assert spec.target_cost.samples[16][-1] == 0.5 and spec.host_seconds[0] == 0.0
+    assert spec.acceptance.pending_decays == decays + 1
+
+
 def test_a_plain_step_priced_close_behind_drafting_is_retimed_now_and_then():
     """Drafting chosen, the plain step priced within PLAIN_RIVAL_WITHIN of it: one plain step every RIVAL_AFTER steps
     at that batch size (its price may come from one slow timing); priced further behind, never."""
