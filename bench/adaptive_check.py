@@ -7,7 +7,8 @@ Greedy, max 128 tokens, medians of --repeats rounds after a warm-up; within a ro
 size decode the same group of prompts (all 16 at batch 16, each prompt at batch 1) taking turns step by step, in
 rotating order, each timed over its own steps. Outputs are checked equal across the contenders (greedy is
 lossless). --control adds a second target-alone LLM at batch 16: two identical contenders, whose ratio shows how
-far this machine moves the must-show's ratio by itself.
+far this machine moves the must-show's ratio by itself. `ratios` compares the contenders' median tok/s (the
+must-show's statistic); `paired_ratios` the median of the rounds' own ratios.
 
     python bench/adaptive_check.py --out bench/results/<date>-adaptive/check.json
 """
@@ -134,6 +135,16 @@ def main() -> None:
         result["ratios"]["batch16 control / target alone"] = (
             runs["batch16 target alone (control)"]["tokens_per_second_median"]
             / runs["batch16 target alone"]["tokens_per_second_median"])
+    # The same ratios paired by round (the median over rounds of each round's ratio): rounds share the machine's
+    # state of the moment, while each contender's median round may come from another round.
+    result["paired_ratios"] = {}
+    for name, (numerator, denominator) in {
+            "batch16 adaptive / target alone": ("batch16 adaptive k<=5", "batch16 target alone"),
+            "batch16 control / target alone": ("batch16 target alone (control)", "batch16 target alone"),
+            "batch1 adaptive / fixed k=3": ("batch1 adaptive k<=5", "batch1 fixed k=3")}.items():
+        if numerator in runs and denominator in runs:
+            rounds = zip(runs[numerator]["tokens_per_second_all"], runs[denominator]["tokens_per_second_all"])
+            result["paired_ratios"][name] = statistics.median(a / b for a, b in rounds)
     rivals = [*fixed, *alone]
     for b in extra:   # the goal: adaptive >= 0.95 x the better of the target alone and the fixed k
         median = {name: runs[f"extra batch{b} {name}"]["tokens_per_second_median"]
@@ -142,7 +153,8 @@ def main() -> None:
             median["adaptive k<=5"] / max(median[name] for name in rivals))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({"ratios": result["ratios"], **{k: round(v["tokens_per_second_median"], 1)
+    print(json.dumps({"ratios": result["ratios"], "paired_ratios": result["paired_ratios"],
+                      **{k: round(v["tokens_per_second_median"], 1)
                                                       for k, v in runs.items()}}, indent=1))
 
 

@@ -498,7 +498,8 @@ def test_acceptance_counts_of_ragged_batches_equal_the_row_by_row_rule():
             estimate.observe(*steps[-1])
         tried, accepted = _counts_row_by_row(steps, max_k)
         estimate.rates()   # applies the pending decays
-        assert estimate.tried == pytest.approx(tried, rel=1e-12) and estimate.accepted == pytest.approx(accepted, rel=1e-12)
+        assert estimate.tried == pytest.approx(tried, rel=1e-12)
+        assert estimate.accepted == pytest.approx(accepted, rel=1e-12)
 
 
 def test_plain_steps_decay_the_acceptance_counts_when_next_read():
