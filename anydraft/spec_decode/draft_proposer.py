@@ -176,6 +176,8 @@ class DraftModelProposer:
         else:
             waiting = {row: ids for row, ids in zip(rows, new_target_ids) if row not in drafted}
             self.backlog.append(waiting)   # rows with nothing new in the cache: they read this when they next draft
+            if not drafted:   # a plain step
+                return
             picked = [i for i, row in enumerate(rows) if row in drafted]
             read_rows = [rows[i] for i in picked]
             read_ids = [new_target_ids[i] for i in picked]

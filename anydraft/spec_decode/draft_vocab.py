@@ -30,7 +30,7 @@ class ContextSync(Protocol):
     def extend(self, state, target_ids: list[int]) -> int:
         """Append target tokens to state.draft_ids; returns how many trailing draft ids were dropped first."""
     def append_direct(self, states: list, target_id_lists: list[list[int]]) -> list[bool]:
-        """`extend` for each row where nothing is dropped (a few calls for all rows); returns which rows it
+        """`extend` for each row where it would only append (a few calls for all rows); returns which rows it
         extended: the others need `extend`."""
     def draft_id_of(self, target_id: int) -> int:
         """Draft input id of a token the draft itself proposed (always in the intersection)."""
