@@ -89,7 +89,7 @@ class Eagle3Proposer:
                 chosen = self.vocab.greedy_target_ids(head_logits)                         # [B, 1] target ids
             else:
                 target_probs = logits_to_probs(self.vocab.target_logits(head_logits), sampling.temperature,
-                                               sampling.top_k, sampling.top_p, sampling.any_greedy)             # [B, 1, V_target]
+                                               sampling.top_k, sampling.top_p, sampling.any_greedy)   # [B, 1, V_target]
                 head_probs = self.vocab.head_probs(target_probs)                           # [B, 1, N]
                 chosen = self.vocab.to_target(sample_from_probs(head_probs, draw_uniforms(sampling.randoms, 1,
                                                                                           self.device)))

@@ -184,7 +184,8 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
         sync = ResyncContextSync(resync, bridge.target_to_draft.tolist())
         vocab = DraftVocab("tli", head_to_target, keep.to(device), target.vocab_rows, sync)
         info["intersection"] = bridge.stats.intersection
-        info["intersection_pct_of_draft"] = round(100 * bridge.stats.intersection / max(1, draft_tokenizer.vocab_size), 2)
-        info["intersection_pct_of_target"] = round(100 * bridge.stats.intersection / max(1, target_tokenizer.vocab_size), 2)
+        shared = 100 * bridge.stats.intersection
+        info["intersection_pct_of_draft"] = round(shared / max(1, draft_tokenizer.vocab_size), 2)
+        info["intersection_pct_of_target"] = round(shared / max(1, target_tokenizer.vocab_size), 2)
     info.update(_head_savings(runner, flops_before))
     return DraftModelProposer(runner, vocab, spec.num_speculative_tokens), info
