@@ -226,7 +226,7 @@ class AdaptiveSpeculation:
         read_tokens: the new prompts' tokens the draft read in this step (its time, beyond the step's draft forwards
         at their known cost, prices reading)."""
         if not k and self._unpriced:   # a held plain step: measured on the plain steps priced around it
-            self.acceptance.observe_plain()
+            self.acceptance.count_step()
             return
         drafting_rows = rows if draft_rows is None else draft_rows
         if k and read_tokens >= drafting_rows and draft_seconds is not None:   # a token a row or more: a read

@@ -98,20 +98,20 @@ class DraftModelProposer:
         if k == 0:   # a plain target step: nothing to write; the draft catches up on the text at its next propose
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
         self._read_backlog(rows)
-        joined = [r for r in self.unfilled_rows if r in rows]   # rows not drafting now keep waiting (a probe)
-        if joined:
-            # One padded forward over the prompts of the rows that joined (all but their last token).
-            fits = [r for r in joined if len(self.states[r].draft_ids) + k - 1 <= runner.cache.max_len]
-            if fits:
-                runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
-            self.unfilled_rows = [r for r in self.unfilled_rows if r not in joined]
-        draft_id_lists = [self.states[r].draft_ids for r in rows]
-        pending = self._pending_ids(rows, draft_id_lists)
         # Another tokenizer may spell the text in many more tokens than the target's, so a row's draft sequence
         # can outgrow the draft cache. Such a row stops drafting: it proposes a fixed token (q one-hot on it),
         # which verification handles like any proposal, so the output stays the target's. (A row's cached and
         # pending tokens are its draft ids: it has room for k - 1 more past them, or not.)
         longest_drafting = runner.cache.max_len - k + 1
+        joined = [r for r in self.unfilled_rows if r in rows]   # rows not drafting now keep waiting (a probe)
+        if joined:
+            # One padded forward over the prompts of the rows that joined (all but their last token).
+            fits = [r for r in joined if len(self.states[r].draft_ids) <= longest_drafting]
+            if fits:
+                runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
+            self.unfilled_rows = [r for r in self.unfilled_rows if r not in joined]
+        draft_id_lists = [self.states[r].draft_ids for r in rows]
+        pending = self._pending_ids(rows, draft_id_lists)
         if max(map(len, draft_id_lists)) <= longest_drafting:
             return self._draft(rows, pending, sampling, k)
         live = [i for i, ids in enumerate(draft_id_lists) if len(ids) <= longest_drafting]

@@ -113,10 +113,9 @@ class AcceptanceEstimate:
         drafted it) was rejected, later ones were never decided. A row that drafted fewer than the step's k (a
         capped request, a SLEM row) says nothing about the positions it did not draft. Older evidence decays
         once per step."""
+        self.count_step()   # every step decays the counts once
         if not any(num_drafted):   # a plain step: nothing tried (no loop over its rows)
-            self.observe_plain()
             return
-        self.pending_decays += 1
         self._decay()
         # Rows by how many of their first positions were decided (accepted, or the rejected one) and accepted:
         # counted in one pass without a call per row, then added to every position they cover.
@@ -134,8 +133,9 @@ class AcceptanceEstimate:
             self.tried[i] += rows_decided
             self.accepted[i] += rows_passed
 
-    def observe_plain(self) -> None:
-        """A step that drafted nothing: the counts decay once more (applied when next read or added to)."""
+    def count_step(self) -> None:
+        """One more step: the counts decay once more (applied when next read or added to); all a step that drafted
+        nothing does here."""
         self.pending_decays += 1
 
     def _decay(self) -> None:
