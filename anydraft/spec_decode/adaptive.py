@@ -55,8 +55,10 @@ DRAFT_MARGIN = 1.05
 # it are): in four process pairs step-interleaved with the target alone at batch 16, not measuring them moved
 # adaptive from 0.92-0.96x to 0.95-0.98x of it. The prompts waiting to be read must be the ones priced (as
 # rows write, their reading only gets dearer per token left to write). Priced closer (within the drafting margin), a
-# plain step is held for HOLD_CLOSE_STEPS: priced on every step there, pricing cost 0.1-0.18 ms of each 5 ms plain
-# step at batch 16 (timed in place on the shipped pair), and a switch to drafting one or two steps late costs less.
+# plain step is held for HOLD_CLOSE_STEPS, doubling with each priced plain step in a row at that batch size up to
+# HOLD_STEPS: priced on every step there, pricing cost 0.1-0.18 ms of each 5 ms plain step at batch 16 (timed in place
+# on the shipped pair, where k = 1 prices within 3% of it), and priced every third step, still 63 us a step; a switch
+# to drafting a few steps late costs less.
 HOLD_BELOW = 0.9
 HOLD_STEPS = 8
 HOLD_CLOSE_STEPS = 2
@@ -88,8 +90,9 @@ class AdaptiveSpeculation:
     # every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where it never drafted).
     _probes: dict[int, list[int]] = field(default_factory=dict)
     _last_at: dict[int, dict[int, int]] = field(default_factory=dict)   # k -> rows -> the step that last chose it
-    # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with)
-    _held: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with, the last hold of a
+    # plain step priced close: the next one doubles it)
+    _held: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     _unpriced: bool = False   # the last choice was a held plain step: its step is not measured (see observe_step)
     _steps: int = 0
 
@@ -158,19 +161,22 @@ class AdaptiveSpeculation:
         if not self.draft_cost.estimates:   # the draft's cost is unknown until a step drafts: measure it first
             return self._chose(self.max_k)
         rates = None
-        held, held_unread = self._held.get(rows, (0, 0))
+        held, held_unread, close_hold = self._held.get(rows, (0, 0, 0))
         self._unpriced = bool(held) and held_unread == unread_tokens
         if self._unpriced:
-            self._held[rows] = (held - 1, unread_tokens)
+            self._held[rows] = (held - 1, unread_tokens, close_hold)
             best = 0
         else:
             rates = self._priced(rows, unread_tokens, remaining_tokens)
             best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
             if best and rates[best] < DRAFT_MARGIN * rates[0]:
                 best = 0
-            if not best:
+            if best:
+                self._held.pop(rows, None)   # drafting: the next plain step priced close is held briefly again
+            else:
+                close_hold = min(2 * close_hold, HOLD_STEPS) if close_hold else HOLD_CLOSE_STEPS
                 far = max(rates[1:]) <= HOLD_BELOW * rates[0]
-                self._held[rows] = (HOLD_STEPS if far else HOLD_CLOSE_STEPS, unread_tokens)
+                self._held[rows] = (HOLD_STEPS if far else close_hold, unread_tokens, close_hold)
         probes = self._probes.get(rows.bit_length()) or self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
         if best:
             probes[:] = [0, PROBE_AFTER]

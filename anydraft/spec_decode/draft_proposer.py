@@ -27,7 +27,10 @@ class DraftModelProposer:
         self.num_speculative_tokens = num_speculative_tokens
         self.num_proposed = 0   # k of the last propose: what the draft cache holds beyond draft_ids (observe)
         self.states: dict[int, object] = {}
-        self.unfilled_rows: list[int] = []  # rows added since the last propose, prompt not in the cache yet
+        # Rows added since they last drafted, prompt not in the cache yet -> the prompt's draft tokens; and their sum,
+        # kept as rows come and go: adaptive asks for it on every step (unread_tokens), rows then mostly unchanged.
+        self.unfilled_rows: dict[int, int] = {}
+        self.unfilled_tokens = 0
         # Text appended to rows the last propose did not draft for (all rows after a plain step, all but one after a
         # probe), one {row: new_target_ids} per observe: a row reads its part when it next drafts, in one re-sync
         # call, so a plain target step costs one dict here (no re-sync), and a one-row probe reads one row's text,
@@ -46,14 +49,14 @@ class DraftModelProposer:
         self.states[row] = state
         self.backlog_start[row] = self.backlog_base + len(self.backlog)   # a reused row's old entries are not its
         self.runner.cache.reset(row)
-        self.unfilled_rows.append(row)  # prefilled at the next propose, together with every row joining now
+        self.unfilled_tokens += len(state.draft_ids) - self.unfilled_rows.get(row, 0)   # a row re-added: its new prompt
+        self.unfilled_rows[row] = len(state.draft_ids)   # prefilled when it next drafts, with every row joining then
 
     def remove_request(self, row: int) -> None:
         self.states.pop(row, None)
         self.backlog_start.pop(row, None)   # a request reusing the row starts after the entries there now
         self._drop_read_backlog()
-        if row in self.unfilled_rows:
-            self.unfilled_rows.remove(row)
+        self.unfilled_tokens -= self.unfilled_rows.pop(row, 0)
         self.runner.cache.reset(row)
 
     def _pending_ids(self, rows: list[int], draft_id_lists: list[list[int]]) -> list[list[int]]:
@@ -88,8 +91,10 @@ class DraftModelProposer:
         cheap, and adaptive drafted at batch 64 where the target alone was faster)."""
         if not self.unfilled_rows:
             return 0
-        wanted = set(rows)
-        return sum(map(len, [self.states[r].draft_ids for r in self.unfilled_rows if r in wanted]))
+        if len(rows) == len(self.states):   # every live row (a step's rows are live, each once)
+            return self.unfilled_tokens
+        unfilled = self.unfilled_rows
+        return sum(unfilled[r] for r in rows if r in unfilled)
 
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens
@@ -109,7 +114,8 @@ class DraftModelProposer:
             fits = [r for r in joined if len(self.states[r].draft_ids) <= longest_drafting]
             if fits:
                 runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
-            self.unfilled_rows = [r for r in self.unfilled_rows if r not in joined]
+            for row in joined:
+                self.unfilled_tokens -= self.unfilled_rows.pop(row)
         draft_id_lists = [self.states[r].draft_ids for r in rows]
         pending = self._pending_ids(rows, draft_id_lists)
         if max(map(len, draft_id_lists)) <= longest_drafting:
@@ -173,11 +179,12 @@ class DraftModelProposer:
         self.drafted_rows = frozenset()   # a later observe (rows joining) follows no propose
         if drafted.issuperset(rows):   # the common drafting step: every row drafted
             read_rows, read_ids, accepted = rows, new_target_ids, num_accepted
+        elif not drafted:   # a plain step: every row reads this when it next drafts
+            self.backlog.append(dict(zip(rows, new_target_ids)))
+            return
         else:
             waiting = {row: ids for row, ids in zip(rows, new_target_ids) if row not in drafted}
             self.backlog.append(waiting)   # rows with nothing new in the cache: they read this when they next draft
-            if not drafted:   # a plain step
-                return
             picked = [i for i, row in enumerate(rows) if row in drafted]
             read_rows = [rows[i] for i in picked]
             read_ids = [new_target_ids[i] for i in picked]

@@ -171,13 +171,20 @@ def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_
     monkeypatch.setattr(speculation, "draft_cost", MedianCost())
     told, plan = [], iter([3, 3, 0, 0, 3] + [3] * 80)
 
+    proposer, tokenizer = llm.engine.proposer, llm.engine.tokenizer
+    unread = proposer.unread_tokens
+
+    def counted(rows):   # the running total (every live row asked) is the rows' own counts summed
+        assert unread(rows) == sum(proposer.unfilled_rows.get(row, 0) for row in rows)
+        return unread(rows)
+
     def choose(rows, unread_tokens, remaining_tokens):   # remaining_tokens: a function, asked only when pricing
         told.append((rows, unread_tokens, remaining_tokens()))
         return next(plan)
     monkeypatch.setattr(speculation, "choose", choose)
+    monkeypatch.setattr(proposer, "unread_tokens", counted)
     max_tokens = [6, 30, 30]   # the third request takes the first one's row when it finishes
     llm.generate(prompts[:3], [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
-    proposer, tokenizer = llm.engine.proposer, llm.engine.tokenizer
     draft_tokens = [len(proposer.vocab.sync.start(p, tokenizer.encode(p)).draft_ids) for p in prompts[:3]]
     assert told[0] == (2, draft_tokens[0] + draft_tokens[1], (5 + 29) / 2)   # first tokens came from the prompts
     assert [unread for _, unread, _ in told[1:5]] == [0, 0, 0, 0]
@@ -205,3 +212,24 @@ def test_rows_that_draft_fewer_are_verified_over_their_own_drafts_only(ckpts, ll
         assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, 12)
     verifications = [r for r in reads if r == [4, 1, 2]]
     assert verifications, reads
+
+
+def test_the_prompts_left_to_read_are_counted_as_rows_join_leave_and_draft(ckpts, llms, prompts):
+    """unread_tokens over every live row is a running total: a row that leaves before it drafts takes its prompt out
+    of it, a row that drafts takes its prompt out, and a subset (a probe's row) counts its own."""
+    llm = llms.get(ckpts.qwen3_target, ckpts.llama2_draft, k=3, max_num_seqs=2, adaptive=True)
+    proposer, tokenizer = llm.engine.proposer, llm.engine.tokenizer
+    sizes = [len(proposer.vocab.sync.start(p, tokenizer.encode(p)).draft_ids) for p in prompts[:3]]
+    proposer.add_request(0, prompts[0], tokenizer.encode(prompts[0]))
+    proposer.add_request(1, prompts[1], tokenizer.encode(prompts[1]))
+    assert proposer.unread_tokens([0, 1]) == sizes[0] + sizes[1] and proposer.unread_tokens([1]) == sizes[1]
+    proposer.remove_request(0)   # left before drafting
+    assert proposer.unread_tokens([1]) == sizes[1]
+    proposer.add_request(0, prompts[2], tokenizer.encode(prompts[2]))
+    assert proposer.unread_tokens([0, 1]) == sizes[2] + sizes[1]
+    proposer.propose([1], None, 2)   # row 1 reads its prompt (and drafts, as a probe would; its verdict follows)
+    proposer.observe([0, 1], [0, 0], [tokenizer.encode(" the")[:1]] * 2)
+    assert proposer.unread_tokens([0, 1]) == sizes[2] and proposer.unread_tokens([1]) == 0
+    for row in (0, 1):
+        proposer.remove_request(row)
+    assert proposer.unread_tokens([]) == 0 and proposer.unfilled_tokens == 0

@@ -406,7 +406,7 @@ def test_only_whole_steps_as_priced_are_measured():
 def test_a_plain_step_far_ahead_is_held_unpriced_for_a_few_steps():
     """Drafting priced at most HOLD_BELOW of a plain step: the next HOLD_STEPS choices are plain without pricing, then
     it prices again; probes still come every PROBE_AFTER steps. Drafting priced closer (yet within the drafting margin):
-    held for HOLD_CLOSE_STEPS only."""
+    held for HOLD_CLOSE_STEPS, then twice as long after each plain step priced in a row, up to HOLD_STEPS."""
     spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=False)   # nothing accepted: k = 0 far ahead
     priced = []
     real = spec.expected_rates
@@ -422,9 +422,30 @@ def test_a_plain_step_far_ahead_is_held_unpriced_for_a_few_steps():
     close.expected_rates = lambda rows, *reading: [100.0, 100.0 * HOLD_BELOW + 1.0, 50.0, 50.0, 50.0, 50.0]
     calls = []
     real_close = close.expected_rates
-    close.expected_rates = lambda *args: calls.append(1) or real_close(*args)
-    assert [close.choose(rows=16) for _ in range(PROBE_AFTER - 1)] == [0] * (PROBE_AFTER - 1)
-    assert len(calls) == -(-(PROBE_AFTER - 1) // (HOLD_CLOSE_STEPS + 1))
+    close.expected_rates = lambda *args: calls.append(step) or real_close(*args)
+    for step in range(PROBE_AFTER - 1):
+        assert close.choose(rows=16) == 0
+    holds = [HOLD_CLOSE_STEPS, 2 * HOLD_CLOSE_STEPS]   # then HOLD_STEPS
+    assert 2 * holds[-1] >= HOLD_STEPS and PROBE_AFTER - 1 > sum(holds) + 2
+    assert calls == [0, holds[0] + 1, sum(holds) + 2]
+
+
+def test_a_drafting_step_ends_the_growth_of_close_holds():
+    """Plain steps priced close in a row are held longer each time; a drafting step chosen between them starts the
+    holds again from HOLD_CLOSE_STEPS."""
+    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)
+    close = [100.0, 100.0 * HOLD_BELOW + 1.0, 50.0, 50.0, 50.0, 50.0]
+    priced = []
+    spec.expected_rates = lambda rows, *reading: priced.append(len(priced)) or list(rates)
+    rates = close
+    choices = [spec.choose(rows=16) for _ in range(1 + HOLD_CLOSE_STEPS + 1 + 2 * HOLD_CLOSE_STEPS)]
+    assert choices == [0] * len(choices) and len(priced) == 2   # priced, held 2, priced, held 4
+    rates = [100.0, 100.0 * DRAFT_MARGIN + 1.0, 50.0, 50.0, 50.0, 50.0]
+    assert spec.choose(rows=16) == 1
+    rates = close
+    before = len(priced)
+    assert [spec.choose(rows=16) for _ in range(HOLD_CLOSE_STEPS + 2)] == [0] * (HOLD_CLOSE_STEPS + 2)
+    assert len(priced) - before == 2   # priced, held HOLD_CLOSE_STEPS (not 8), priced
 
 
 def test_a_held_plain_step_is_not_measured_but_still_decays_the_acceptance():
@@ -466,8 +487,8 @@ def test_a_measured_drafting_k_close_behind_a_plain_step_is_retimed_now_and_then
     spec.expected_rates = lambda rows, *reading: [100.0, 95.0]
     chosen = [(spec.choose(rows=16), spec.probing) for _ in range(3 * RIVAL_AFTER)]
     retimed = [i for i, (k, probe) in enumerate(chosen) if k and not probe]
-    # Checked on the steps that price (a plain step held between them is not), so at most HOLD_CLOSE_STEPS late.
-    assert len(retimed) >= 2 and all(RIVAL_AFTER <= b - a <= RIVAL_AFTER + HOLD_CLOSE_STEPS
+    # Checked on the steps that price (a plain step held between them is not), so at most HOLD_STEPS late.
+    assert len(retimed) >= 2 and all(RIVAL_AFTER <= b - a <= RIVAL_AFTER + HOLD_STEPS
                                      for a, b in zip(retimed, retimed[1:]))
     assert not [i for i, (k, probe) in enumerate((spec.choose(rows=4), spec.probing) for _ in range(3 * RIVAL_AFTER))
                 if k and not probe]
