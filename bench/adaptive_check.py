@@ -7,8 +7,13 @@ Greedy, max 128 tokens, medians of --repeats rounds after a warm-up; within a ro
 size decode the same group of prompts (all 16 at batch 16, each prompt at batch 1) taking turns step by step, in
 rotating order, each timed over its own steps. Outputs are checked equal across the contenders (greedy is
 lossless). --control adds a second target-alone LLM at batch 16: two identical contenders, whose ratio shows how
-far this machine moves the must-show's ratio by itself. `ratios` compares the contenders' median tok/s (the
-must-show's statistic); `paired_ratios` the median of the rounds' own ratios.
+far this machine moves the must-show's ratio by itself. --balanced also adds a second adaptive LLM, created last:
+the four are created adaptive, target alone, target alone, adaptive (ABBA), and each setting's tok/s in a round is
+its two LLMs' tokens over their seconds. In one process the LLMs created later decode faster (five target-alone LLMs
+created in turn: the first 0.986x the second, the last 1.01x), so with one LLM each the setting created first is
+handicapped by the order alone; the first pair's ratio (the unbalanced statistic) is reported beside it. `ratios`
+compares the contenders' median tok/s (the must-show's statistic); `paired_ratios` the median of the rounds' own
+ratios.
 
     python bench/adaptive_check.py --out bench/results/<date>-adaptive/check.json
 """
@@ -50,6 +55,9 @@ def main() -> None:
                         help="a target-alone contender at the extra sizes (--no-target-alone: one LLM fewer, where a "
                              "real-shaped pair's LLMs do not all fit in memory; adaptive is then checked against the "
                              "fixed k of this run and the target alone of another)")
+    parser.add_argument("--balanced", action="store_true",
+                        help="batch 16 with two LLMs of each setting, created adaptive, target alone, target alone, "
+                             "adaptive; each setting's tok/s pools its two (implies --control)")
     parser.add_argument("--control", action="store_true",
                         help="a second target-alone LLM at batch 16, interleaved as the others: its ratio to the first "
                              "is this run's noise floor for the must-show's ratio (two identical contenders)")
@@ -76,11 +84,13 @@ def main() -> None:
             speculative = {"model": args.draft, "num_speculative_tokens": int(name[8:]), "adaptive": False}
         else:
             speculative = {"target alone": None, "target alone (control)": None,
-                           "adaptive k<=5": {"model": args.draft}}[name]
+                           "adaptive k<=5": {"model": args.draft}, "adaptive k<=5 (second)": {"model": args.draft}}[name]
         return LLM(args.target, speculative, max_num_seqs=b, max_model_len=args.max_model_len)
 
+    args.control = args.control or args.balanced
     control = ["target alone (control)"] if args.control else []
-    groups = [("batch16", ["adaptive k<=5", "target alone", *control], batch),
+    second = ["adaptive k<=5 (second)"] if args.balanced else []
+    groups = [("batch16", ["adaptive k<=5", "target alone", *control, *second], batch),
               ("batch1", ["adaptive k<=5", "fixed k=3", "target alone"], 1)] if args.must_show else []
     alone = ["target alone"] if args.target_alone else []
     groups += [(f"extra batch{b}", ["adaptive k<=5", *fixed, *alone], b) for b in extra]
@@ -91,6 +101,7 @@ def main() -> None:
         step_interleaved({name: (contenders[(setting, name)], group_prompts[setting][:b], [params] * b)
                           for name in names})
     rates: dict[tuple[str, str], list[float]] = {key: [] for key in contenders}
+    round_totals: dict[tuple[str, str], list[tuple[int, float]]] = {key: [] for key in contenders}   # (tokens, s)
     outputs: dict[tuple[str, str], list] = {}
     # The contenders of a batch size take turns step by step (a step is milliseconds): this machine's speed
     # drifts by tens of percent within seconds, and interleaving whole rounds (seconds each) let a drift land on
@@ -108,6 +119,7 @@ def main() -> None:
                     outs[name] += out
             for name in names:
                 rates[(setting, name)].append(tokens[name] / seconds[name])
+                round_totals[(setting, name)].append((tokens[name], seconds[name]))
                 outputs[(setting, name)] = outs[name]
     reference = outputs.get(("batch16", "target alone"))
     result = {**provenance(torch_threads=args.threads), "command": shlex.join(["python"] + sys.argv),
@@ -124,9 +136,20 @@ def main() -> None:
             "k_histogram": {str(k): v for k, v in sorted(contenders[(setting, name)].stats.k_histogram.items())},
             "acceptance_length": contenders[(setting, name)].stats.acceptance_length}
     runs = result["runs"]
+    if args.must_show and args.balanced:   # each setting's two LLMs pooled, round by round
+        for name, pair in (("adaptive k<=5", ("adaptive k<=5", "adaptive k<=5 (second)")),
+                           ("target alone", ("target alone", "target alone (control)"))):
+            pooled = [sum(t for t, _ in both) / sum(s for _, s in both)
+                      for both in zip(*(round_totals[("batch16", llm)] for llm in pair))]
+            runs[f"batch16 {name} (pooled)"] = {"llms": list(pair), "tokens_per_second_median": statistics.median(pooled),
+                                               "tokens_per_second_all": pooled}
+    # the must-show's two contenders at batch 16: one LLM each, or each setting's pooled pair
+    must_show = {"adaptive": "batch16 adaptive k<=5", "alone": "batch16 target alone"}
+    if args.must_show and args.balanced:
+        must_show = {"adaptive": "batch16 adaptive k<=5 (pooled)", "alone": "batch16 target alone (pooled)"}
     result["ratios"] = {
-        "batch16 adaptive / target alone": runs["batch16 adaptive k<=5"]["tokens_per_second_median"]
-        / runs["batch16 target alone"]["tokens_per_second_median"],
+        "batch16 adaptive / target alone": runs[must_show["adaptive"]]["tokens_per_second_median"]
+        / runs[must_show["alone"]]["tokens_per_second_median"],
         "batch1 adaptive / fixed k=3": runs["batch1 adaptive k<=5"]["tokens_per_second_median"]
         / runs["batch1 fixed k=3"]["tokens_per_second_median"],
         "batch1 adaptive / target alone": runs["batch1 adaptive k<=5"]["tokens_per_second_median"]
@@ -135,11 +158,18 @@ def main() -> None:
         result["ratios"]["batch16 control / target alone"] = (
             runs["batch16 target alone (control)"]["tokens_per_second_median"]
             / runs["batch16 target alone"]["tokens_per_second_median"])
+    if args.must_show and args.balanced:   # the unbalanced statistic (one LLM each), and two identical adaptive LLMs
+        result["ratios"]["batch16 adaptive / target alone (first created of each)"] = (
+            runs["batch16 adaptive k<=5"]["tokens_per_second_median"]
+            / runs["batch16 target alone"]["tokens_per_second_median"])
+        result["ratios"]["batch16 adaptive created last / adaptive created first"] = (
+            runs["batch16 adaptive k<=5 (second)"]["tokens_per_second_median"]
+            / runs["batch16 adaptive k<=5"]["tokens_per_second_median"])
     # The same ratios paired by round (the median over rounds of each round's ratio): rounds share the machine's
     # state of the moment, while each contender's median round may come from another round.
     result["paired_ratios"] = {}
     for name, (numerator, denominator) in {
-            "batch16 adaptive / target alone": ("batch16 adaptive k<=5", "batch16 target alone"),
+            "batch16 adaptive / target alone": (must_show["adaptive"], must_show["alone"]),
             "batch16 control / target alone": ("batch16 target alone (control)", "batch16 target alone"),
             "batch1 adaptive / fixed k=3": ("batch1 adaptive k<=5", "batch1 fixed k=3")}.items():
         if numerator in runs and denominator in runs:
