@@ -55,10 +55,10 @@ DRAFT_MARGIN = 1.05
 # it are): in four process pairs step-interleaved with the target alone at batch 16, not measuring them moved
 # adaptive from 0.92-0.96x to 0.95-0.98x of it. The prompts waiting to be read must be the ones priced (as
 # rows write, their reading only gets dearer per token left to write). Priced closer (within the drafting margin), a
-# plain step is held for HOLD_CLOSE_STEPS, doubling with each priced plain step in a row at that batch size up to
-# HOLD_STEPS: priced on every step there, pricing cost 0.1-0.18 ms of each 5 ms plain step at batch 16 (timed in place
-# on the shipped pair, where k = 1 prices within 3% of it), and priced every third step, still 63 us a step; a switch
-# to drafting a few steps late costs less.
+# plain step is held for HOLD_CLOSE_STEPS, then twice as long after each plain step priced in a row at that batch
+# size, up to HOLD_STEPS: at batch 16 on the shipped pair (k = 1 priced within 3% of plain) pricing every step cost
+# 0.1-0.18 ms of each 5 ms plain step, every third step still 63 us a step on average (timed in place); a switch to
+# drafting a few steps late costs less.
 HOLD_BELOW = 0.9
 HOLD_STEPS = 8
 HOLD_CLOSE_STEPS = 2

@@ -27,8 +27,8 @@ class DraftModelProposer:
         self.num_speculative_tokens = num_speculative_tokens
         self.num_proposed = 0   # k of the last propose: what the draft cache holds beyond draft_ids (observe)
         self.states: dict[int, object] = {}
-        # Rows added since they last drafted, prompt not in the cache yet -> the prompt's draft tokens; and their sum,
-        # kept as rows come and go: adaptive asks for it on every step (unread_tokens), rows then mostly unchanged.
+        # Rows added and not drafted for yet (prompt not in the cache) -> the prompt's draft tokens; and their sum, kept
+        # as rows come and go: adaptive asks for it on every step (unread_tokens), with the same rows most of the time.
         self.unfilled_rows: dict[int, int] = {}
         self.unfilled_tokens = 0
         # Text appended to rows the last propose did not draft for (all rows after a plain step, all but one after a
