@@ -29,9 +29,6 @@ from .estimates import PRIOR_ROW_STEPS, AcceptanceEstimate, MedianCost, ReadCost
 # Steps in a row without drafting before a probe step drafts anyway: a draft cost or acceptance measured badly
 # once (a noisy step) would otherwise never be measured again. The interval doubles after every probe that
 # changes nothing (probing costs at most about 1/interval of throughput), back to the start once drafting wins.
-# The steps are counted at every batch size together: a one-row probe measures the same things at any (the
-# acceptance, the draft's one-row forward, a verification a few tokens wider than a plain step), and a batch
-# shrinking through four size classes probed in each (~3-4 ms a probe, 0.6-1% of a batch-16 run on the shipped pair).
 PROBE_AFTER = 16
 PROBE_AFTER_MAX = 512
 # While drafting, a rival k priced within RIVAL_WITHIN of the best and not chosen for RIVAL_AFTER steps is chosen
@@ -88,12 +85,10 @@ class AdaptiveSpeculation:
     history: dict[int, int] = field(default_factory=dict)         # k -> steps that used it
     draft_forwards: Callable[[int], int] = one_forward_per_token   # F(k): the proposer's Proposer.draft_forwards
     probing: bool = False   # whether the last choice is a probe (the engine may then draft for one row only)
-    # Steps without drafting (at any batch size), and per batch-size class (rows.bit_length()) the steps before its
-    # next probe. A batch's last few rows draft (it pays there); one back-off for every size then sent the next full
-    # batch back to probing every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where
-    # it never drafted).
-    _plain_run: int = 0
-    _probe_after: dict[int, int] = field(default_factory=dict)
+    # Per batch-size class (rows.bit_length()): [steps without drafting, steps before the next probe]. A batch's
+    # last few rows draft (it pays there); one back-off for every size then sent the next full batch back to probing
+    # every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where it never drafted).
+    _probes: dict[int, list[int]] = field(default_factory=dict)
     _last_at: dict[int, dict[int, int]] = field(default_factory=dict)   # k -> rows -> the step that last chose it
     # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with, the last hold of a
     # plain step priced close: the next one doubles it)
@@ -182,9 +177,9 @@ class AdaptiveSpeculation:
                 close_hold = min(2 * close_hold, HOLD_STEPS) if close_hold else HOLD_CLOSE_STEPS
                 far = max(rates[1:]) <= HOLD_BELOW * rates[0]
                 self._held[rows] = (HOLD_STEPS if far else close_hold, unread_tokens, close_hold)
-        size_class = rows.bit_length()
+        probes = self._probes.get(rows.bit_length()) or self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
         if best:
-            self._plain_run, self._probe_after[size_class] = 0, PROBE_AFTER
+            probes[:] = [0, PROBE_AFTER]
             if rates[0] >= PLAIN_RIVAL_WITHIN * rates[best] and self._due(rows, 0):
                 return self._chose_at(rows, 0)
             rivals = [k for k in range(1, self.max_k + 1)
@@ -198,11 +193,10 @@ class AdaptiveSpeculation:
                                            and self.step_rates.nearest(self._steps, rows, k) is not None]
         if rivals:
             return self._chose_at(rows, max(rivals, key=lambda k: rates[k]))
-        self._plain_run += 1
-        interval = self._probe_after.get(size_class, PROBE_AFTER)
-        if self._plain_run < interval:
+        probes[0] += 1
+        if probes[0] < probes[1]:
             return self._chose_at(rows, 0)
-        self._plain_run, self._probe_after[size_class] = 0, min(2 * interval, PROBE_AFTER_MAX)
+        probes[:] = [0, min(2 * probes[1], PROBE_AFTER_MAX)]
         self._held.pop(rows, None)   # the probe brings evidence: price the next step
         self._unpriced = False
         rates = rates or self._priced(rows, unread_tokens, remaining_tokens)

@@ -254,17 +254,6 @@ def test_a_position_rarely_tried_borrows_the_estimate_of_the_one_before():
     assert rates[1] == pytest.approx(0.5, abs=0.02) and rates[2] == pytest.approx(1.0, abs=0.02)
 
 
-def test_a_probe_at_one_batch_size_counts_for_every_size():
-    """Plain steps are counted at every batch size together: a batch that shrinks from 16 rows to 8 probes once
-    after PROBE_AFTER plain steps in all, not once in each size class; each class then waits its own interval (8
-    rows, just probed: twice PROBE_AFTER; 16 rows: PROBE_AFTER) from that probe."""
-    spec = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True)   # compute-bound at 16 and 8 rows
-    sizes = [16] * (PROBE_AFTER // 2) + [8] * PROBE_AFTER + [16] * PROBE_AFTER
-    probes = [i for i, rows in enumerate(sizes) if (spec.choose(rows=rows), spec.probing)[1]]
-    assert probes == [PROBE_AFTER - 1, 2 * PROBE_AFTER - 1]   # the second: 16 rows' own interval, counted from the first
-    assert sizes[PROBE_AFTER - 1] == 8 and sizes[2 * PROBE_AFTER - 1] == 16
-
-
 def test_drafting_for_a_batch_tail_does_not_restart_probing_at_full_batch():
     """Compute-bound at 16 rows, worth drafting at 1 (a batch's last row): the back-off of probes at 16 rows
     survives the tail's drafting, so the next full batch does not probe every PROBE_AFTER steps again."""
