@@ -136,6 +136,8 @@ def main() -> None:
             "k_histogram": {str(k): v for k, v in sorted(contenders[(setting, name)].stats.k_histogram.items())},
             "acceptance_length": contenders[(setting, name)].stats.acceptance_length}
     runs = result["runs"]
+    # the must-show's two contenders at batch 16: one LLM each, or (balanced) each setting's pooled pair
+    must_show = {"adaptive": "batch16 adaptive k<=5", "alone": "batch16 target alone"}
     if args.must_show and args.balanced:   # each setting's two LLMs pooled, round by round
         for name, pair in (("adaptive k<=5", ("adaptive k<=5", "adaptive k<=5 (second)")),
                            ("target alone", ("target alone", "target alone (control)"))):
@@ -143,10 +145,7 @@ def main() -> None:
                       for both in zip(*(round_totals[("batch16", llm)] for llm in pair))]
             runs[f"batch16 {name} (pooled)"] = {"llms": list(pair), "tokens_per_second_median": statistics.median(pooled),
                                                "tokens_per_second_all": pooled}
-    # the must-show's two contenders at batch 16: one LLM each, or each setting's pooled pair
-    must_show = {"adaptive": "batch16 adaptive k<=5", "alone": "batch16 target alone"}
-    if args.must_show and args.balanced:
-        must_show = {"adaptive": "batch16 adaptive k<=5 (pooled)", "alone": "batch16 target alone (pooled)"}
+            must_show["adaptive" if name.startswith("adaptive") else "alone"] = f"batch16 {name} (pooled)"
     result["ratios"] = {
         "batch16 adaptive / target alone": runs[must_show["adaptive"]]["tokens_per_second_median"]
         / runs[must_show["alone"]]["tokens_per_second_median"],
