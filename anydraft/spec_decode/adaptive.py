@@ -55,8 +55,8 @@ DRAFT_MARGIN = 1.05
 # it are): in four process pairs step-interleaved with the target alone at batch 16, not measuring them moved
 # adaptive from 0.92-0.96x to 0.95-0.98x of it. The prompts waiting to be read must be the ones priced (as
 # rows write, their reading only gets dearer per token left to write). Priced closer (within the drafting margin), a
-# plain step is held for HOLD_CLOSE_STEPS, then twice as long after each plain step priced in a row at that batch
-# size, up to HOLD_STEPS: at batch 16 on the shipped pair (k = 1 priced within 3% of plain) pricing every step cost
+# plain step is held for HOLD_CLOSE_STEPS, then twice as long after each plain step chosen on pricing in a row at that
+# batch size (far or close), up to HOLD_STEPS: at batch 16 on the shipped pair (k = 1 priced within 3% of plain) pricing every step cost
 # 0.1-0.18 ms of each 5 ms plain step, every third step still 63 us a step on average (timed in place); a switch to
 # drafting a few steps late costs less.
 HOLD_BELOW = 0.9
@@ -90,8 +90,8 @@ class AdaptiveSpeculation:
     # every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where it never drafted).
     _probes: dict[int, list[int]] = field(default_factory=dict)
     _last_at: dict[int, dict[int, int]] = field(default_factory=dict)   # k -> rows -> the step that last chose it
-    # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with, the last hold of a
-    # plain step priced close: the next one doubles it)
+    # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with, the hold a plain step
+    # priced close gets now: doubled at each plain step chosen on pricing in a row, far or close)
     _held: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     _unpriced: bool = False   # the last choice was a held plain step: its step is not measured (see observe_step)
     _steps: int = 0

@@ -179,12 +179,11 @@ class DraftModelProposer:
         self.drafted_rows = frozenset()   # a later observe (rows joining) follows no propose
         if drafted.issuperset(rows):   # the common drafting step: every row drafted
             read_rows, read_ids, accepted = rows, new_target_ids, num_accepted
-        elif not drafted:   # a plain step: every row reads this when it next drafts
-            self.backlog.append(dict(zip(rows, new_target_ids)))
-            return
         else:
             waiting = {row: ids for row, ids in zip(rows, new_target_ids) if row not in drafted}
             self.backlog.append(waiting)   # rows with nothing new in the cache: they read this when they next draft
+            if not drafted:   # a plain step
+                return
             picked = [i for i, row in enumerate(rows) if row in drafted]
             read_rows = [rows[i] for i in picked]
             read_ids = [new_target_ids[i] for i in picked]
