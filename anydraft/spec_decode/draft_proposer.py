@@ -27,10 +27,15 @@ class DraftModelProposer:
         self.num_speculative_tokens = num_speculative_tokens
         self.num_proposed = 0   # k of the last propose: what the draft cache holds beyond draft_ids (observe)
         self.states: dict[int, object] = {}
-        # Rows added and not drafted for yet (prompt not in the cache) -> the prompt's draft tokens; and their sum, kept
-        # as rows come and go: adaptive asks for it on every step (unread_tokens), with the same rows most of the time.
-        self.unfilled_rows: dict[int, int] = {}
-        self.unfilled_tokens = 0
+        # Rows added and not drafted for yet (prompt not in the cache) -> the prompt's target tokens; and their sum,
+        # kept as rows come and go: adaptive asks for it on every step (unread_tokens), with the same rows most of the
+        # time.
+        self.unread_prompts: dict[int, int] = {}
+        self.unread_prompt_tokens = 0
+        # Rows whose prompt the draft has not tokenized yet -> its text and target ids: the draft tokenizes it at the
+        # row's first draft (start_rows), so a joining request's first token waits on nothing of the draft's, and a
+        # row adaptive never drafts for (a full batch) costs the draft nothing.
+        self.untokenized: dict[int, tuple[str, list[int]]] = {}
         # Text appended to rows the last propose did not draft for (all rows after a plain step, all but one after a
         # probe), one {row: new_target_ids} per observe: a row reads its part when it next drafts, in one re-sync
         # call, so a plain target step costs one dict here (no re-sync), and a one-row probe reads one row's text,
@@ -43,21 +48,27 @@ class DraftModelProposer:
         self.device = runner.device
 
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
-        state = self.vocab.sync.start(prompt_text, prompt_target_ids)
-        if not state.draft_ids:
-            raise ValueError("the draft tokenizer turns this prompt into no tokens; give a non-empty prompt")
-        self.states[row] = state
+        self.remove_request(row)   # a row re-added: its new prompt only
+        self.untokenized[row] = (prompt_text, prompt_target_ids)
+        self.unread_prompts[row] = len(prompt_target_ids)
+        self.unread_prompt_tokens += len(prompt_target_ids)
         self.backlog_start[row] = self.backlog_base + len(self.backlog)   # a reused row's old entries are not its
-        self.runner.cache.reset(row)
-        self.unfilled_tokens += len(state.draft_ids) - self.unfilled_rows.get(row, 0)   # a row re-added: its new prompt
-        self.unfilled_rows[row] = len(state.draft_ids)   # prefilled when it next drafts, with every row joining then
 
     def remove_request(self, row: int) -> None:
         self.states.pop(row, None)
+        if row in self.drafted_rows:   # its drafts left with it: a request re-added there reads its text from the backlog
+            self.drafted_rows = self.drafted_rows - {row}
+        self.untokenized.pop(row, None)
         self.backlog_start.pop(row, None)   # a request reusing the row starts after the entries there now
         self._drop_read_backlog()
-        self.unfilled_tokens -= self.unfilled_rows.pop(row, 0)
+        self.unread_prompt_tokens -= self.unread_prompts.pop(row, 0)
         self.runner.cache.reset(row)
+
+    def start_rows(self, rows: list[int]) -> None:
+        """Tokenize the prompts of `rows` not tokenized yet (their state: the draft's sequence of the text)."""
+        for row in rows:
+            if (prompt := self.untokenized.pop(row, None)) is not None:
+                self.states[row] = self.vocab.sync.start(*prompt)
 
     def _pending_ids(self, rows: list[int], draft_id_lists: list[list[int]]) -> list[list[int]]:
         """Each row's draft ids past its cache: what the next forward feeds."""
@@ -85,16 +96,17 @@ class DraftModelProposer:
         return num_tokens
 
     def unread_tokens(self, rows: list[int]) -> int:
-        """The prompts of rows that joined since the last propose, in draft tokens. Not the backlog of plain steps:
+        """The prompts of rows that have not drafted yet, in target tokens (the draft's own count needs its tokenizer,
+        which runs only when it drafts; read costs are measured per target token too). Not the backlog of plain steps:
         a run that alternates plain and drafting steps reads one every time it drafts, a recurring cost that the
         draft forwards' own measured times carry (priced as a one-off read, it made drafting after plain steps look
         cheap, and adaptive drafted at batch 64 where the target alone was faster)."""
-        if not self.unfilled_rows:
+        unread = self.unread_prompts
+        if not unread:
             return 0
-        if len(rows) == len(self.states):   # every live row (a step's rows are live, each once)
-            return self.unfilled_tokens
-        unfilled = self.unfilled_rows
-        return sum(unfilled[r] for r in rows if r in unfilled)
+        if len(rows) == len(self.states) + len(self.untokenized):   # every live row (a step's rows: live, each once)
+            return self.unread_prompt_tokens
+        return sum(unread[r] for r in rows if r in unread)
 
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens
@@ -102,20 +114,21 @@ class DraftModelProposer:
         self.drafted_rows = frozenset(rows if k else ())
         if k == 0:   # a plain target step: nothing to write; the draft catches up on the text at its next propose
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
+        unread = self.unread_prompts   # rows not drafting now keep waiting (a probe)
+        joined = [r for r in rows if r in unread] if unread else []
+        self.start_rows(joined)
         self._read_backlog(rows)
         # Another tokenizer may spell the text in many more tokens than the target's, so a row's draft sequence
         # can outgrow the draft cache. Such a row stops drafting: it proposes a fixed token (q one-hot on it),
         # which verification handles like any proposal, so the output stays the target's. (A row's cached and
         # pending tokens are its draft ids: it has room for k - 1 more past them, or not.)
         longest_drafting = runner.cache.max_len - k + 1
-        joined = [r for r in self.unfilled_rows if r in rows]   # rows not drafting now keep waiting (a probe)
-        if joined:
-            # One padded forward over the prompts of the rows that joined (all but their last token).
-            fits = [r for r in joined if len(self.states[r].draft_ids) <= longest_drafting]
-            if fits:
-                runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
-            for row in joined:
-                self.unfilled_tokens -= self.unfilled_rows.pop(row)
+        # One padded forward over the prompts of the rows that joined (all but their last token).
+        fits = [r for r in joined if len(self.states[r].draft_ids) <= longest_drafting]
+        if fits:
+            runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
+        for row in joined:
+            self.unread_prompt_tokens -= self.unread_prompts.pop(row)
         draft_id_lists = [self.states[r].draft_ids for r in rows]
         pending = self._pending_ids(rows, draft_id_lists)
         if max(map(len, draft_id_lists)) <= longest_drafting:
@@ -191,15 +204,15 @@ class DraftModelProposer:
         if read_rows:   # the cache holds draft_ids + proposals 1..k-1; the accepted ones are known on host
             self._extend_rows(read_rows, read_ids, [n if n < k else k - 1 for n in accepted])
 
-    def _read_backlog(self, rows: list[int] | None = None) -> None:
-        """Re-sync `rows` (default: all) on the text appended since each last drafted, the rows' concatenated
+    def _read_backlog(self, rows: list[int]) -> None:
+        """Re-sync `rows` on the text appended since each last drafted, the rows' concatenated
         entries at once (re-sync reads target tokens one at a time, so one call on their concatenation is the calls
         in turn), then drop the entries every row has read."""
         if not self.backlog:
             return
         end = self.backlog_base + len(self.backlog)
         read_rows, read_ids = [], []
-        for row in self.states if rows is None else rows:
+        for row in rows:
             start = self.backlog_start.get(row, end)
             if start < end:
                 target_ids = [t for entry in self.backlog[start - self.backlog_base:] for t in entry.get(row, ())]

@@ -71,8 +71,8 @@ class Proposer(Protocol):
         one by this): num_tokens for a draft that writes one token per forward, 1 for one that writes a block."""
 
     def unread_tokens(self, rows: list[int]) -> int:
-        """Tokens of text the next proposal for `rows` reads once, beyond a drafting step's own (the prompts of rows
-        that joined): adaptive k prices reading them. 0 for a proposer that reads in observe."""
+        """Target tokens of text the next proposal for `rows` reads once, beyond a drafting step's own (the prompts of
+        rows that joined): adaptive k prices reading them. 0 for a proposer that reads in observe."""
 
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
         """new_target_ids[i]: the tokens appended to row i's target sequence since the last call. After

@@ -55,6 +55,7 @@ class SlemProposer:
 
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
         self.writer.add_request(row, prompt_text, prompt_target_ids)
+        self.writer.start_rows([row])   # observe re-syncs every row on every step (no backlog): it needs the state now
         self.target_tails[row] = self.window.tail(list(prompt_target_ids))
         self.written[row] = []
 

@@ -69,7 +69,18 @@ class DraftResync:
         return self._draft_tokenizer.encode(text, add_special_tokens=True)
 
     def new_state(self, prompt_text: str) -> ResyncState:
+        """The draft's sequence for a prompt. A prompt with no text for the draft (only special tokens, which spell
+        nothing) starts from the draft's BOS, else its end-of-text token: what a document follows; no bytes, so the
+        invariant holds."""
         draft_ids = self.draft_ids_for_text(prompt_text)
+        if not draft_ids:
+            tokenizer = self._draft_tokenizer
+            start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else next(
+                iter(tokenizer.eos_token_ids), None)
+            if start is None:
+                raise ValueError("the draft tokenizer turns this prompt into no tokens and has no BOS or end-of-text "
+                                 "token to start from; give a prompt with text")
+            draft_ids = [start]
         return ResyncState(draft_ids=draft_ids, prompt_len=len(draft_ids))
 
     def draft_text_bytes(self, draft_ids: list[int]) -> bytes:

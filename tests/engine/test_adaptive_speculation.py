@@ -58,7 +58,8 @@ def test_text_of_plain_steps_is_read_at_the_next_draft_as_if_read_at_once(ckpts,
                                                                           target, draft):
     """Runs of plain steps (k = 0) leave their text in a backlog that the draft reads when it next drafts; requests
     leave and their rows are reused inside such runs. The draft must propose exactly what it proposes when it reads
-    every step's text at once (same acceptances per request), and the output stays the target alone's."""
+    every step's text at once, its prompt tokenized as its row joins (same acceptances per request), and the output
+    stays the target alone's."""
     target_dir = getattr(ckpts, target)
     llm = llms.get(target_dir, getattr(ckpts, draft), k=3, max_num_seqs=2, adaptive=True)
     max_tokens = [13, 40, 9, 31, 22]   # 2 rows, 5 requests: rows are freed and reused during runs of k = 0
@@ -76,7 +77,8 @@ def test_text_of_plain_steps_is_read_at_the_next_draft_as_if_read_at_once(ckpts,
 
     def observe_at_once(self, rows, num_accepted, new_target_ids):
         observe(self, rows, num_accepted, new_target_ids)
-        self._read_backlog()
+        self.start_rows(list(self.untokenized))   # and prompts tokenized as rows join
+        self._read_backlog(list(self.states))
     monkeypatch.setattr(type(proposer), "observe", observe_at_once)
     assert run() == deferred
     for prompt, n, (token_ids, _, _) in zip(prompts, max_tokens, deferred):
@@ -175,7 +177,7 @@ def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_
     unread = proposer.unread_tokens
 
     def counted(rows):   # the running total (every live row asked) is the rows' own counts summed
-        assert unread(rows) == sum(proposer.unfilled_rows.get(row, 0) for row in rows)
+        assert unread(rows) == sum(proposer.unread_prompts.get(row, 0) for row in rows)
         return unread(rows)
 
     def choose(rows, unread_tokens, remaining_tokens):   # remaining_tokens: a function, asked only when pricing
@@ -185,11 +187,11 @@ def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_
     monkeypatch.setattr(proposer, "unread_tokens", counted)
     max_tokens = [6, 30, 30]   # the third request takes the first one's row when it finishes
     llm.generate(prompts[:3], [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
-    draft_tokens = [len(proposer.vocab.sync.start(p, tokenizer.encode(p)).draft_ids) for p in prompts[:3]]
-    assert told[0] == (2, draft_tokens[0] + draft_tokens[1], (5 + 29) / 2)   # first tokens came from the prompts
+    prompt_tokens = [len(tokenizer.encode(p)) for p in prompts[:3]]   # counted in target tokens
+    assert told[0] == (2, prompt_tokens[0] + prompt_tokens[1], (5 + 29) / 2)   # first tokens came from the prompts
     assert [unread for _, unread, _ in told[1:5]] == [0, 0, 0, 0]
     [joined] = [unread for _, unread, _ in told[5:] if unread]   # its prompt (its first token waits in the backlog)
-    assert joined == draft_tokens[2]
+    assert joined == prompt_tokens[2]
     assert [tokens for tokens, _ in speculation.read_cost.reads] == [joined]
 
 
@@ -214,12 +216,32 @@ def test_rows_that_draft_fewer_are_verified_over_their_own_drafts_only(ckpts, ll
     assert verifications, reads
 
 
+def test_the_draft_tokenizes_a_prompt_only_when_its_row_drafts(ckpts, llms, prompts, monkeypatch):
+    """Requests that join a batch adaptive decodes plain cost the draft nothing (no tokenizer call for their
+    prompts); a row that drafts later tokenizes its prompt then, once."""
+    target_dir = ckpts.qwen3_target
+    llm = llms.get(target_dir, ckpts.llama2_draft, k=3, max_num_seqs=2, adaptive=True)
+    proposer = llm.engine.proposer
+    started = []
+    start = proposer.vocab.sync.start
+    monkeypatch.setattr(proposer.vocab.sync, "start", lambda text, ids: started.append(text) or start(text, ids))
+    for plan, expected in (([0] * 200, []), ([0] * 3 + [3] * 200, prompts[:3])):
+        steps = iter(plan)
+        monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows, *reading: next(steps))
+        started.clear()
+        outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=12))
+        assert sorted(started) == sorted(expected)
+        for prompt, out in zip(prompts, outputs):
+            assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, 12)
+
+
 def test_the_prompts_left_to_read_are_counted_as_rows_join_leave_and_draft(ckpts, llms, prompts):
     """unread_tokens over every live row is a running total: a row that leaves before it drafts takes its prompt out
-    of it, a row that drafts takes its prompt out, and a subset (a probe's row) counts its own."""
+    of it, a row that drafts takes its prompt out, and a subset (a probe's row) counts its own. The draft tokenizes a
+    prompt only when its row first drafts."""
     llm = llms.get(ckpts.qwen3_target, ckpts.llama2_draft, k=3, max_num_seqs=2, adaptive=True)
     proposer, tokenizer = llm.engine.proposer, llm.engine.tokenizer
-    sizes = [len(proposer.vocab.sync.start(p, tokenizer.encode(p)).draft_ids) for p in prompts[:3]]
+    sizes = [len(tokenizer.encode(p)) for p in prompts[:3]]
     proposer.add_request(0, prompts[0], tokenizer.encode(prompts[0]))
     proposer.add_request(1, prompts[1], tokenizer.encode(prompts[1]))
     assert proposer.unread_tokens([0, 1]) == sizes[0] + sizes[1] and proposer.unread_tokens([1]) == sizes[1]
@@ -227,9 +249,13 @@ def test_the_prompts_left_to_read_are_counted_as_rows_join_leave_and_draft(ckpts
     assert proposer.unread_tokens([1]) == sizes[1]
     proposer.add_request(0, prompts[2], tokenizer.encode(prompts[2]))
     assert proposer.unread_tokens([0, 1]) == sizes[2] + sizes[1]
+    assert not proposer.states   # nothing tokenized yet
     proposer.propose([1], None, 2)   # row 1 reads its prompt (and drafts, as a probe would; its verdict follows)
+    assert list(proposer.states) == [1]
+    assert proposer.states[1].draft_ids[:proposer.states[1].prompt_len] == proposer.vocab.sync.resync.draft_ids_for_text(
+        prompts[1])
     proposer.observe([0, 1], [0, 0], [tokenizer.encode(" the")[:1]] * 2)
     assert proposer.unread_tokens([0, 1]) == sizes[2] and proposer.unread_tokens([1]) == 0
     for row in (0, 1):
         proposer.remove_request(row)
-    assert proposer.unread_tokens([]) == 0 and proposer.unfilled_tokens == 0
+    assert proposer.unread_tokens([]) == 0 and proposer.unread_prompt_tokens == 0 and not proposer.untokenized

@@ -66,7 +66,7 @@ def test_draft_proposes_from_its_synced_sequence(ckpts, llms, prompts, monkeypat
         real_add(row, prompt_text, prompt_target_ids)
         if resync is not None:
             # The draft's own tokenization of the prompt; the target's tokens (its first one next) follow it.
-            prompt_bytes[row] = resync.draft_text_bytes(proposer.states[row].draft_ids)
+            prompt_bytes[row] = resync.draft_text_bytes(resync.new_state(prompt_text).draft_ids)
             target_bytes[row] = b""
 
     def assert_synced(row):

@@ -185,6 +185,18 @@ def test_bad_prompts_are_refused_and_leave_nothing_behind(ckpts, llms):
     assert len(outputs) == 1 and outputs[0].outputs[0].token_ids == reference_greedy(ckpts.small_target, "Another prompt", 8)
 
 
+def test_a_prompt_with_no_text_for_the_draft_is_decoded_with_its_batch_mates(ckpts, llms, prompts):
+    """A prompt the target reads as its BOS alone decodes to no text, and the qwen3 draft's tokenizer makes no token
+    of it: the draft starts from its own end-of-text token instead of failing the step for every request."""
+    target_dir = ckpts.llama2_target
+    llm = llms.get(target_dir, ckpts.qwen3_draft, k=2, max_num_seqs=2)
+    outputs = llm.generate(["", prompts[0]], SamplingParams(temperature=0, max_tokens=10))
+    assert outputs[0].prompt_token_ids == tokenizer_of(target_dir).encode("") != []
+    for prompt, out in zip(["", prompts[0]], outputs):
+        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, 10)
+    assert llm.stats.k_histogram.get(2, 0) > 0   # the rows drafted
+
+
 # -- a draft sequence longer than the draft's cache ------------------------------------------------------------
 def test_draft_outgrowing_its_cache_keeps_generating_the_target_text(ckpts, llms, monkeypatch):
     """qwen3 target (random: long multi-byte tokens) with a draft on GPT-2 cut to 768 merges, which spells
@@ -197,7 +209,7 @@ def test_draft_outgrowing_its_cache_keeps_generating_the_target_text(ckpts, llms
 
     def observe(rows, num_accepted, new_target_ids):
         real_observe(rows, num_accepted, new_target_ids)
-        longest[0] = max([longest[0]] + [len(proposer.states[r].draft_ids) for r in rows])
+        longest[0] = max([longest[0]] + [len(proposer.states[r].draft_ids) for r in rows if r in proposer.states])
 
     monkeypatch.setattr(proposer, "observe", observe)
     # Over two rows: "A" runs long; the other two join the batch one after the other while its draft is full.

@@ -176,6 +176,22 @@ def test_special_target_tokens(resync_of, load_tokenizer):
         resync.extend(state, [151700])
 
 
+@pytest.mark.parametrize("target,draft,start", [("llama2", "qwen3", 151645), ("qwen3", "smollm2", 0),
+                                                 ("mistral_v0.1", "gpt2", 50256), ("qwen3", "llama2", 1)])
+def test_a_prompt_without_draft_text_starts_from_the_drafts_bos_or_end_token(resync_of, load_tokenizer, target,
+                                                                             draft, start):
+    """A prompt of special tokens only decodes to no text: the draft starts from its BOS (else its first end token),
+    which spells nothing, so the invariant holds as the target's text follows."""
+    resync = resync_of(target, draft)
+    state = resync.new_state("")
+    assert state.draft_ids == [start] and state.prompt_len == 1 and resync.draft_text_bytes(state.draft_ids) == b""
+    target_tokenizer = load_tokenizer(target)
+    target_ids = target_tokenizer.encode("Hello there", add_special_tokens=False)
+    resync.extend(state, target_ids)
+    spelled = b"".join(target_tokenizer.token_table.token_bytes[t] for t in target_ids)
+    assert b"Hello there" in spelled and resync.draft_text_bytes(state.draft_ids) + state.pending == spelled
+
+
 def test_identity_bridge_passes_ids_through(load_tokenizer):
     gpt2 = load_tokenizer("gpt2")
     resync = DraftResync(VocabBridge.build(gpt2, gpt2), gpt2, gpt2)

@@ -136,7 +136,7 @@ def _draw_and_verify(target: list[list[float]], draft: list[list[float]], seed: 
                      always_accept: bool = False) -> tuple[VerifyOutput, torch.Tensor, torch.Tensor]:
     """NUM_SAMPLES independent rows in one batch: drafts x_i ~ q_i, then verify_sampling."""
     generator = torch.Generator().manual_seed(seed)
-    num_drafted, vocab_size = len(draft), len(target[0])
+    num_drafted = len(draft)
     target_probs = torch.tensor(target).expand(NUM_SAMPLES, -1, -1)
     draft_probs = torch.tensor(draft).expand(NUM_SAMPLES, -1, -1)
     draft_noise = torch.rand(NUM_SAMPLES, num_drafted, generator=generator, dtype=torch.float64)

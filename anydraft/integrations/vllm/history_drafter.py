@@ -115,8 +115,6 @@ class HistoryDrafter:
                 continue
             if claim.fresh:
                 tail = self._start(claim.slot, history)
-                if tail is None:
-                    continue
                 num_accepted = 0
             else:
                 state = self.states.states[claim.slot]
@@ -138,22 +136,17 @@ class HistoryDrafter:
             out[row] = proposal[:count]
         return out
 
-    def _start(self, slot: int, history: np.ndarray) -> list[int] | None:
+    def _start(self, slot: int, history: np.ndarray) -> list[int]:
         """A new draft state for `history`: its text as a prompt, the draft tokenizer's way, then any trailing
-        tokens that end mid-character through re-sync (observe). Returns those trailing tokens, or None when the
-        text gives the draft nothing to read yet (the row is then not drafted this step)."""
+        tokens that end mid-character through re-sync (observe). Returns those trailing tokens (a text without a
+        draft token starts from the draft's BOS: DraftResync.new_state)."""
         target_ids = history.tolist()
         split = len(target_ids)
         while split > 0 and incomplete_utf8_tail(self._bytes_of(target_ids[max(0, split - 4):split])):
             split -= 1
         lead = len(self._leading_ids) if target_ids[:len(self._leading_ids)] == self._leading_ids else 0
         text = self.target_tokenizer.decode(target_ids[lead:split], skip_special_tokens=False)
-        try:
-            self.draft.add_request(slot, text, target_ids[:split])
-        except ValueError:   # the draft tokenizer makes no token of this text
-            self.draft.remove_request(slot)
-            self.states.release(slot)
-            return None
+        self.draft.add_request(slot, text, target_ids[:split])
         return target_ids[split:]
 
     def _bytes_of(self, target_ids: list[int]) -> bytes:

@@ -96,9 +96,3 @@ class RequestStates:
         """The state of `slot` has now taken in `history` and proposed `proposal` after it."""
         state = self.states[slot]
         state.history, state.proposal = history.copy(), proposal
-
-    def release(self, slot: int) -> None:
-        """Forget a state (its row could not be drafted); the slot is free again."""
-        if self.states.pop(slot, None) is not None:
-            self.free_slots.append(slot)
-            self.row_hint = {row: s for row, s in self.row_hint.items() if s != slot}
