@@ -141,7 +141,7 @@ class Engine:
         requests that got output in it (finished ones included)."""
         scheduled = self.scheduler.schedule()
         t0 = time.perf_counter()
-        updated = self._prefill(scheduled.prefill) if scheduled.prefill else []
+        updated = self._prefill(scheduled.prefill, scheduled.completing) if scheduled.prefill else []
         prefill_seconds = time.perf_counter() - t0   # target work that every request of the step waited through
         for stats in [self.stats] + [r.stats for r, _ in scheduled.prefill] + [r.stats for r in scheduled.decode]:
             stats.target_seconds += prefill_seconds
@@ -149,21 +149,19 @@ class Engine:
             updated += self._speculate(scheduled.decode)
         return updated
 
-    def _prefill(self, chunks: list[tuple[Request, int]]) -> list[Request]:
-        """Put each chunk in its row's target cache (one right-padded forward). A request whose prompt is now
-        complete gets its first token from the hidden state at its last prompt token, as in vLLM and HF (no
-        verification step is spent on it), and joins the proposer."""
+    def _prefill(self, chunks: list[tuple[Request, int]], completing: list[bool]) -> list[Request]:
+        """Put each chunk in its row's target cache (one right-padded forward). A request whose prompt this
+        completes (`completing`, the scheduler's word) gets its first token from the hidden state at its last prompt
+        token, as in vLLM and HF (no verification step is spent on it), and joins the proposer."""
         for request, _ in chunks:
             if request.num_prefilled == 0:
                 request.started = time.perf_counter()
                 self.target.cache.reset(request.row)
         pieces = [r.prompt_target_ids[r.num_prefilled:r.num_prefilled + n] for r, n in chunks]
         last_hidden = self.target.prefill_rows([r.row for r, _ in chunks], pieces, chunk=max(map(len, pieces)))
-        complete = []
-        for i, (request, n) in enumerate(chunks):
+        for request, n in chunks:
             request.num_prefilled += n
-            if request.num_prefilled == len(request.prompt_target_ids):
-                complete.append(i)
+        complete = [i for i, done in enumerate(completing) if done]
         if not complete:
             return []
         admitted = [chunks[i][0] for i in complete]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 class ScheduledStep:
     prefill: list[tuple[object, int]]   # (request, prompt tokens to put in its cache this step)
     decode: list[object]                # requests whose prompt is in the cache: one speculative step each
+    completing: list[bool]              # per prefill chunk: it ends its request's prompt (decodes from the next step)
 
 
 class Scheduler:
@@ -57,10 +58,9 @@ class Scheduler:
             self.running[request.row] = request
             prefill.append((request, min(len(request.prompt_target_ids), budget)))
             budget -= prefill[-1][1]
-        for request, n in prefill:
-            if request.num_prefilled + n == len(request.prompt_target_ids):
-                decoding.add(request.row)
-        return ScheduledStep(prefill, decode)
+        completing = [request.num_prefilled + n == len(request.prompt_target_ids) for request, n in prefill]
+        decoding.update(request.row for (request, _), done in zip(prefill, completing) if done)
+        return ScheduledStep(prefill, decode, completing)
 
     def remove(self, request) -> bool:
         """Take a request out of the queue or its row; True when it held a row (its caches need resetting)."""

@@ -8,7 +8,7 @@ is the number of draft forwards a proposal of k costs (the proposer says: k for 
 forward, 1 for a block drafter), each forward's cost the median of its recent measured times at each size,
 interpolated between sizes (target forwards timed at load, then every step refines them). Where a batch size (or
 one near it) has run whole steps at a k, their seconds and appended tokens price it instead (see
-estimates.StepRates). A step that stops drafting still probes now and then, so a cost or rate measured wrongly once
+estimates.MeasuredSteps). A step that stops drafting still probes now and then, so a cost or rate measured wrongly once
 is measured again; where the proposer can, a greedy probe drafts for one row only (the draft then reads one prompt
 and one row's text, not the batch's).
 The prompts of requests that joined are read by the draft once, by the first step that drafts for those rows:
@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .estimates import PRIOR_ROW_STEPS, AcceptanceEstimate, MedianCost, ReadCost, StepRates, near_rows
+from .estimates import PRIOR_ROW_STEPS, AcceptanceEstimate, MeasuredSteps, MedianCost, ReadCost, near_rows
 
 # Steps in a row without drafting before a probe step drafts anyway: a draft cost or acceptance measured badly
 # once (a noisy step) would otherwise never be measured again. The interval doubles after every probe that
@@ -56,9 +56,9 @@ DRAFT_MARGIN = 1.05
 # adaptive from 0.92-0.96x to 0.95-0.98x of it. The prompts waiting to be read must be the ones priced (as
 # rows write, their reading only gets dearer per token left to write). Priced closer (within the drafting margin), a
 # plain step is held for HOLD_CLOSE_STEPS, then twice as long after each plain step chosen on pricing in a row at that
-# batch size (far or close), up to HOLD_STEPS: at batch 16 on the shipped pair (k = 1 priced within 3% of plain) pricing every step cost
-# 0.1-0.18 ms of each 5 ms plain step, every third step still 63 us a step on average (timed in place); a switch to
-# drafting a few steps late costs less.
+# batch size (far or close), up to HOLD_STEPS: at batch 16 on the shipped pair (k = 1 priced within 3% of plain)
+# pricing every step cost 0.1-0.18 ms of each 5 ms plain step, every third step still 63 us a step on average (timed
+# in place); a switch to drafting a few steps late costs less.
 HOLD_BELOW = 0.9
 HOLD_STEPS = 8
 HOLD_CLOSE_STEPS = 2
@@ -77,7 +77,7 @@ class AdaptiveSpeculation:
     draft_cost: MedianCost = field(default_factory=MedianCost)      # one draft forward + head, by rows
     read_cost: ReadCost = field(default_factory=ReadCost)           # the draft reading new prompts, by tokens
     # whole steps (drafting k for every row, reading no new prompt), by rows and k
-    step_rates: StepRates = field(default_factory=StepRates)
+    measured_steps: MeasuredSteps = field(default_factory=MeasuredSteps)
     # k -> seconds per step outside the model forwards (running mean): a drafting step's host work (verifying
     # k + 1 positions, every row's re-sync) is not a plain step's (a backlog append), and one mean for both made
     # drafting look cheap at large batches.
@@ -121,7 +121,7 @@ class AdaptiveSpeculation:
         tokens, seconds, ratios = list(expected), list(parts_seconds), {}
         parts_at = {rows: parts_seconds}   # batch size -> its parts' seconds, each priced once
         for k in range(self.max_k + 1):
-            if (near := self.step_rates.nearest(self._steps, rows, k)) is None:
+            if (near := self.measured_steps.nearest(self._steps, rows, k)) is None:
                 continue
             measured_at, (median_seconds, appended, steps) = near
             if measured_at not in parts_at:
@@ -190,7 +190,7 @@ class AdaptiveSpeculation:
         # measure whole steps.
         rivals = [] if rates is None else [k for k in range(1, self.max_k + 1)
                                            if rates[k] >= RIVAL_WITHIN * rates[0] and self._due(rows, k)
-                                           and self.step_rates.nearest(self._steps, rows, k) is not None]
+                                           and self.measured_steps.nearest(self._steps, rows, k) is not None]
         if rivals:
             return self._chose_at(rows, max(rivals, key=lambda k: rates[k]))
         probes[0] += 1
@@ -246,7 +246,7 @@ class AdaptiveSpeculation:
             self.draft_cost.observe(drafting_rows, draft_seconds / self.draft_forwards(k))
         if (draft_seconds is not None and drafting_rows == rows
                 and (target_tokens is None or target_tokens == rows * (k + 1))):   # a whole step, as priced
-            self.step_rates.observe(self._steps, rows, k, sum(num_accepted) + rows,
+            self.measured_steps.observe(self._steps, rows, k, sum(num_accepted) + rows,
                                     draft_seconds + target_seconds + host_seconds)
         previous = self.host_seconds.get(k)
         self.host_seconds[k] = host_seconds if previous is None else 0.9 * previous + 0.1 * host_seconds

@@ -56,7 +56,7 @@ class DraftModelProposer:
 
     def remove_request(self, row: int) -> None:
         self.states.pop(row, None)
-        if row in self.drafted_rows:   # its drafts left with it: a request re-added there reads its text from the backlog
+        if row in self.drafted_rows:   # its drafts left with it: a request re-added there reads from the backlog
             self.drafted_rows = self.drafted_rows - {row}
         self.untokenized.pop(row, None)
         self.backlog_start.pop(row, None)   # a request reusing the row starts after the entries there now

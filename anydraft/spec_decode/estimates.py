@@ -184,7 +184,7 @@ class ReadCost:
 
 
 @dataclass
-class StepRates:
+class MeasuredSteps:
     """Whole steps by (rows, k): seconds and tokens appended of the last `window` such steps that are at most
     MEASURED_FOR steps old, once there are MEASURED_MIN of them."""
     window: int = 15

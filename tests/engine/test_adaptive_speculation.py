@@ -252,8 +252,8 @@ def test_the_prompts_left_to_read_are_counted_as_rows_join_leave_and_draft(ckpts
     assert not proposer.states   # nothing tokenized yet
     proposer.propose([1], None, 2)   # row 1 reads its prompt (and drafts, as a probe would; its verdict follows)
     assert list(proposer.states) == [1]
-    assert proposer.states[1].draft_ids[:proposer.states[1].prompt_len] == proposer.vocab.sync.resync.draft_ids_for_text(
-        prompts[1])
+    state = proposer.states[1]
+    assert state.draft_ids[:state.prompt_len] == proposer.vocab.sync.resync.draft_ids_for_text(prompts[1])
     proposer.observe([0, 1], [0, 0], [tokenizer.encode(" the")[:1]] * 2)
     assert proposer.unread_tokens([0, 1]) == sizes[2] and proposer.unread_tokens([1]) == 0
     for row in (0, 1):

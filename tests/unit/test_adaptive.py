@@ -307,7 +307,7 @@ def _parts_favour_k1() -> AdaptiveSpeculation:
 def _measure(spec: AdaptiveSpeculation, k: int, rows: int, tokens: int, seconds: float,
              times: int = MEASURED_MIN) -> None:
     for _ in range(times):
-        spec.step_rates.observe(spec._steps, rows, k, tokens, seconds)
+        spec.measured_steps.observe(spec._steps, rows, k, tokens, seconds)
 
 
 def _pooled(tokens_per_row: float, steps: int, rows: int, estimate: float) -> float:
@@ -342,11 +342,11 @@ def test_a_batch_size_without_steps_borrows_the_nearest_measurement_as_a_ratio_t
                                                      12 * tokens / (parts_at[12][1] * ratios[1])])
     assert spec.choose(rows=12) == 0
     _measure(spec, 1, 8, 8, 0.005)
-    assert spec.step_rates.nearest(spec._steps, 12, 1)[0] == 16     # a tie: the larger
-    assert spec.step_rates.nearest(spec._steps, 11, 1)[0] == 8
-    assert spec.step_rates.nearest(spec._steps, 12, 1)[1] == spec.step_rates.measured(spec._steps, 16, 1)
+    assert spec.measured_steps.nearest(spec._steps, 12, 1)[0] == 16     # a tie: the larger
+    assert spec.measured_steps.nearest(spec._steps, 11, 1)[0] == 8
+    assert spec.measured_steps.nearest(spec._steps, 12, 1)[1] == spec.measured_steps.measured(spec._steps, 16, 1)
     for too_far in (16 * NEAR_ROWS + 1, 16 // NEAR_ROWS - 1):     # plain steps were measured at 16 rows only
-        assert spec.step_rates.nearest(spec._steps, too_far, 0) is None
+        assert spec.measured_steps.nearest(spec._steps, too_far, 0) is None
 
 
 def test_unmeasured_drafting_ks_are_scaled_like_the_measured_ones():
@@ -398,9 +398,9 @@ def test_only_whole_steps_as_priced_are_measured():
     spec.observe_step(16, 3, [1] * 16, 0.300, 0.010, 0.001, read_tokens=1600)
     spec.observe_step(16, 3, [1] * 16, 0.003, 0.010, 0.001, num_drafted=[3] * 8 + [0] * 8, target_tokens=40)
     spec.observe_step(16, 0, [0] * 16, 0.0001, 0.005, 0.0002)
-    assert [entry[1:] for entry in spec.step_rates.steps[(16, 3)]] == [(32, pytest.approx(0.014))]
-    assert [entry[1:] for entry in spec.step_rates.steps[(16, 0)]] == [(16, pytest.approx(0.0053))]
-    assert set(spec.step_rates.steps) == {(16, 3), (16, 0)}
+    assert [entry[1:] for entry in spec.measured_steps.steps[(16, 3)]] == [(32, pytest.approx(0.014))]
+    assert [entry[1:] for entry in spec.measured_steps.steps[(16, 0)]] == [(16, pytest.approx(0.0053))]
+    assert set(spec.measured_steps.steps) == {(16, 3), (16, 0)}
 
 
 def test_a_plain_step_far_ahead_is_held_unpriced_for_a_few_steps():
