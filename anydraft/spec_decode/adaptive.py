@@ -8,8 +8,8 @@ is the number of draft forwards a proposal of k costs (the proposer says: k for 
 forward, 1 for a block drafter), each forward's cost the median of its recent measured times at each size,
 interpolated between sizes (target forwards timed at load, then every step refines them). Where a batch size (or
 one near it) has run whole steps at a k, their seconds and appended tokens price it instead (see
-estimates.MeasuredSteps). A step that stops drafting still probes now and then, so a cost or rate measured wrongly once
-is measured again; where the proposer can, a greedy probe drafts for one row only (the draft then reads one prompt
+estimates.MeasuredSteps). A step that stops drafting still probes now and then, so a cost or rate measured wrongly
+once is measured again; where the proposer can, a greedy probe drafts for one row only (the draft then reads one prompt
 and one row's text, not the batch's).
 The prompts of requests that joined are read by the draft once, by the first step that drafts for those rows:
 their seconds, at the draft's measured seconds per token read, are spread over the steps left to write the rows'
@@ -247,6 +247,6 @@ class AdaptiveSpeculation:
         if (draft_seconds is not None and drafting_rows == rows
                 and (target_tokens is None or target_tokens == rows * (k + 1))):   # a whole step, as priced
             self.measured_steps.observe(self._steps, rows, k, sum(num_accepted) + rows,
-                                    draft_seconds + target_seconds + host_seconds)
+                                        draft_seconds + target_seconds + host_seconds)
         previous = self.host_seconds.get(k)
         self.host_seconds[k] = host_seconds if previous is None else 0.9 * previous + 0.1 * host_seconds
