@@ -139,13 +139,13 @@ def main() -> None:
     # the must-show's two contenders at batch 16: one LLM each, or (balanced) each setting's pooled pair
     must_show = {"adaptive": "batch16 adaptive k<=5", "alone": "batch16 target alone"}
     if args.must_show and args.balanced:   # each setting's two LLMs pooled, round by round
-        for name, pair in (("adaptive k<=5", ("adaptive k<=5", "adaptive k<=5 (second)")),
-                           ("target alone", ("target alone", "target alone (control)"))):
+        for side, name, pair in (("adaptive", "adaptive k<=5", ("adaptive k<=5", "adaptive k<=5 (second)")),
+                                 ("alone", "target alone", ("target alone", "target alone (control)"))):
             pooled = [sum(t for t, _ in both) / sum(s for _, s in both)
                       for both in zip(*(round_totals[("batch16", llm)] for llm in pair))]
             runs[f"batch16 {name} (pooled)"] = {"llms": list(pair), "tokens_per_second_median": statistics.median(pooled),
                                                "tokens_per_second_all": pooled}
-            must_show["adaptive" if name.startswith("adaptive") else "alone"] = f"batch16 {name} (pooled)"
+            must_show[side] = f"batch16 {name} (pooled)"
     result["ratios"] = {
         "batch16 adaptive / target alone": runs[must_show["adaptive"]]["tokens_per_second_median"]
         / runs[must_show["alone"]]["tokens_per_second_median"],

@@ -168,9 +168,9 @@ class AcceptanceEstimate:
 
 @dataclass
 class ReadCost:
-    """The draft's seconds per token of the new prompts it reads (tokenizing them and the forward), counted in the
-    proposer's unit (Proposer.unread_tokens): seconds over tokens of the last `window` reads together, so the large
-    reads, timed best, weigh most."""
+    """The draft's seconds per token of the new prompts it reads (the forward, and tokenizing them where the proposer
+    does that at the first draft), counted in the proposer's unit (Proposer.unread_tokens): seconds over tokens of the
+    last `window` reads together, so the large reads, timed best, weigh most."""
     window: int = 8
     reads: deque = field(default_factory=lambda: deque(maxlen=8))   # (tokens, seconds)
 
