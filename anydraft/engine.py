@@ -224,7 +224,8 @@ class Engine:
         t3 = time.perf_counter()
         if self.speculation is not None:
             self.speculation.observe_step(len(rows), k, num_accepted, t1 - t0, t2 - t1, t3 - t2,
-                                          row_drafts, len(rows) + sum(row_drafts), len(drafting), read_tokens)
+                                          row_drafts, len(rows) + sum(row_drafts), len(drafting), read_tokens,
+                                          self.proposer.later_draft_seconds if k else None)
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0

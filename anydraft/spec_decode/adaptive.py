@@ -3,10 +3,12 @@ expected tokens per second from running acceptance estimates and a cost model of
 
 Expected tokens of a step that drafts k tokens per row: E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, where a_i is
 the running rate at which position i is accepted given that positions 1..i-1 were (an acceptance at i needs
-all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + F(k) * T_draft(B rows) + T_host, where F(k)
-is the number of draft forwards a proposal of k costs (the proposer says: k for a draft that writes a token per
-forward, 1 for a block drafter), each forward's cost the median of its recent measured times at each size,
-interpolated between sizes (target forwards timed at load, then every step refines them). Where a batch size (or
+all earlier ones). The step's seconds: T_verify(B * (k+1) tokens) + T_first(B rows) + (F(k) - 1) * T_next(B rows)
++ T_host, where F(k) is the number of draft forwards a proposal of k costs (the proposer says: k for a draft that
+writes a token per forward, 1 for a block drafter), T_first the proposal's first forward with the work a proposal
+does once (feeding the text verified since the last one), T_next each further forward; each cost the median of its
+recent measured times at each size, interpolated between sizes (target forwards timed at load, then every step
+refines them). Where a batch size (or
 one near it) has run whole steps at a k, their seconds and appended tokens price it instead (see
 estimates.MeasuredSteps). A step that stops drafting still probes now and then, so a cost or rate measured wrongly
 once is measured again; where the proposer can, a greedy probe drafts for one row only (the draft then reads one prompt
@@ -74,7 +76,12 @@ class AdaptiveSpeculation:
     max_k: int
     acceptance: AcceptanceEstimate = None
     target_cost: MedianCost = field(default_factory=MedianCost)     # target forward + head, by tokens read
-    draft_cost: MedianCost = field(default_factory=MedianCost)      # one draft forward + head, by rows
+    # The draft's proposal, by rows: its first forward (with what a proposal does once), and each further forward.
+    # One cost per forward (the proposal's seconds / F(k)) priced k = 5 at 1.6x its measured seconds where steps
+    # drafting 1 set it (their first forward, feeding 2-6 verified tokens a row, is the dear one: 0.45 ms against
+    # 0.23 ms for each further one at 4 rows on the shipped pair), and k = 1 too cheap where steps drafting 5 did.
+    draft_cost: MedianCost = field(default_factory=MedianCost)
+    draft_next_cost: MedianCost = field(default_factory=MedianCost)
     read_cost: ReadCost = field(default_factory=ReadCost)           # the draft reading new prompts, by tokens
     # whole steps (drafting k for every row, reading no new prompt), by rows and k
     measured_steps: MeasuredSteps = field(default_factory=MeasuredSteps)
@@ -142,9 +149,17 @@ class AdaptiveSpeculation:
 
     def _parts(self, rows: int) -> list[float]:
         """Seconds of a step over `rows` rows drafting k, for k = 0..max_k, as the sum of its parts' estimates."""
-        draft_seconds = self.draft_cost.seconds(rows)
-        return [self.target_cost.seconds(rows * (k + 1)) + self.draft_forwards(k) * draft_seconds + self._host(k)
-                for k in range(self.max_k + 1)]
+        first, later = self.draft_cost.seconds(rows), self._next_seconds(rows)
+        return [self.target_cost.seconds(rows * (k + 1)) + (first + (self.draft_forwards(k) - 1) * later if k else 0.0)
+                + self._host(k) for k in range(self.max_k + 1)]
+
+    def _next_seconds(self, rows: int) -> float:
+        """A further draft forward over `rows` rows; as dear as a first one until a proposal of two or more is timed."""
+        return (self.draft_next_cost if self.draft_next_cost.estimates else self.draft_cost).seconds(rows)
+
+    def _draft_seconds(self, rows: int, k: int) -> float:
+        """A proposal of k over `rows` rows."""
+        return self.draft_cost.seconds(rows) + (self.draft_forwards(k) - 1) * self._next_seconds(rows) if k else 0.0
 
     def _host(self, k: int) -> float:
         """Host seconds of a step drafting k: measured at k, else at the nearest k of the same kind (drafting or
@@ -223,9 +238,11 @@ class AdaptiveSpeculation:
 
     def observe_step(self, rows: int, k: int, num_accepted: list[int], draft_seconds: float | None,
                      target_seconds: float, host_seconds: float, num_drafted: list[int] | None = None,
-                     target_tokens: int | None = None, draft_rows: int | None = None, read_tokens: int = 0) -> None:
+                     target_tokens: int | None = None, draft_rows: int | None = None, read_tokens: int = 0,
+                     later_draft_seconds: float | None = None) -> None:
         """What a step of `rows` rows drafting k accepted, and the measured seconds of its parts (draft_seconds
-        None: not timed; a step that read new prompts prices reading with it, not a draft forward).
+        None: not timed; a step that read new prompts prices reading with it, not a draft forward;
+        later_draft_seconds: the part of draft_seconds after the proposal's first forward, None: not timed apart).
         num_drafted: each row's own count where it differs from k; target_tokens: the tokens the verification
         forward read (default rows * (k + 1); fewer where rows drafted fewer); draft_rows: the rows the draft ran
         for (default all);
@@ -237,13 +254,17 @@ class AdaptiveSpeculation:
         drafting_rows = rows if draft_rows is None else draft_rows
         if k and read_tokens >= drafting_rows and draft_seconds is not None:   # a token a row or more: a read
             if self.draft_cost.estimates:
-                forwards = self.draft_forwards(k) * self.draft_cost.seconds(drafting_rows)
-                self.read_cost.observe(read_tokens, draft_seconds - forwards)
+                self.read_cost.observe(read_tokens, draft_seconds - self._draft_seconds(drafting_rows, k))
             draft_seconds = None   # a step that read text says nothing of a draft step's own cost
         self.acceptance.observe([k] * rows if num_drafted is None else num_drafted, num_accepted)
         self.target_cost.observe(rows * (k + 1) if target_tokens is None else target_tokens, target_seconds)
         if k and draft_seconds is not None:
-            self.draft_cost.observe(drafting_rows, draft_seconds / self.draft_forwards(k))
+            forwards = self.draft_forwards(k)
+            if later_draft_seconds is None:   # not timed apart: every forward alike
+                later_draft_seconds = draft_seconds * (forwards - 1) / forwards
+            self.draft_cost.observe(drafting_rows, draft_seconds - later_draft_seconds)
+            if forwards > 1:
+                self.draft_next_cost.observe(drafting_rows, later_draft_seconds / (forwards - 1))
         if (draft_seconds is not None and drafting_rows == rows
                 and (target_tokens is None or target_tokens == rows * (k + 1))):   # a whole step, as priced
             self.measured_steps.observe(self._steps, rows, k, sum(num_accepted) + rows,

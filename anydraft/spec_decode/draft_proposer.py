@@ -1,6 +1,7 @@
 """DraftModelProposer: a draft model that writes k tokens per row, whatever its vocabulary (see draft_vocab)."""
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import torch
@@ -26,6 +27,7 @@ class DraftModelProposer:
         self.vocab = vocab
         self.num_speculative_tokens = num_speculative_tokens
         self.num_proposed = 0   # k of the last propose: what the draft cache holds beyond draft_ids (observe)
+        self.later_draft_seconds = 0.0   # the last proposal's forwards after its first (Proposer)
         self.states: dict[int, object] = {}
         # Rows added and not drafted for yet (prompt not in the cache) -> the prompt's target tokens; and their sum,
         # kept as rows come and go: adaptive asks for it on every step (unread_tokens), with the same rows most of the
@@ -182,8 +184,11 @@ class DraftModelProposer:
                 chosen = sample_from_probs(probs, uniforms[:, i:i + 1])                  # [B, 1]
                 head_probs.append(probs)
             head_rows.append(chosen)
+            if i == 0:
+                first_done = time.perf_counter()
             if i < k - 1:
                 hidden = runner.forward(rows, self.vocab.to_draft_input(chosen))
+        self.later_draft_seconds = time.perf_counter() - first_done
         return self.vocab.proposal(torch.cat(head_rows, dim=1),                            # [B, k]
                                    torch.cat(head_probs, dim=1) if head_probs else None)  # [B, k, N_head]
 

@@ -73,6 +73,8 @@ class DSparkProposer:
         """One block forward drafts them all (the Markov bias between slots is rank-r, not a forward)."""
         return 1 if num_tokens else 0
 
+    later_draft_seconds = 0.0   # one forward a proposal (Proposer)
+
     @torch.inference_mode()
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.drafts_per_block)

@@ -6,6 +6,8 @@ entries are rewound at the next observe: once verified, those positions are fed 
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..model.eagle3 import Eagle3Draft
@@ -24,6 +26,7 @@ class Eagle3Proposer:
         param = module.fc.weight
         self.module, self.vocab = module, vocab
         self.num_speculative_tokens = num_speculative_tokens
+        self.later_draft_seconds = 0.0   # the last proposal's forwards after its first (Proposer)
         self.device, self.dtype = param.device, param.dtype
         self.cache = KVCache(cfg.num_hidden_layers, max_batch, max_len, cfg.num_key_value_heads, cfg.head_dim,
                              self.dtype, self.device)
@@ -95,8 +98,11 @@ class Eagle3Proposer:
                                                                                           self.device)))
                 draft_probs.append(target_probs)
             draft_target_ids.append(chosen)
+            if i == 0:
+                first_done = time.perf_counter()
             if i < k - 1:
                 carried = self._forward(rows, chosen, carried, 1)
+        self.later_draft_seconds = time.perf_counter() - first_done
         probs = None if sampling is None else torch.cat(draft_probs, dim=1)               # [B, k, V_target]
         return Proposal(torch.cat(draft_target_ids, dim=1), probs)
 

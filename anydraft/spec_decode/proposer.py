@@ -58,6 +58,9 @@ class Proposer(Protocol):
     (SamplingBatch.keys) sets `couples_draws` True."""
 
     num_speculative_tokens: int
+    # Seconds the last proposal spent after its first draft forward (its further forwards and heads): adaptive k prices
+    # a proposal as its first forward, with the work a proposal does once, plus draft_forwards(k) - 1 such forwards.
+    later_draft_seconds: float
 
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
         """A request took cache row `row`; its prompt is known both as text and as target ids."""
@@ -87,6 +90,7 @@ class NoDraftProposer:
     """Proposes nothing (k = 0): the step then degenerates to target-alone decoding, same code path."""
 
     num_speculative_tokens = 0
+    later_draft_seconds = 0.0
 
     def __init__(self, device: torch.device, target_vocab_rows: int):
         self.device = device

@@ -71,6 +71,10 @@ class SlemProposer:
         """The draft writes one token more than it proposes (see propose)."""
         return self.writer.draft_forwards(num_tokens + 1) if num_tokens else 0
 
+    @property
+    def later_draft_seconds(self) -> float:
+        return self.writer.later_draft_seconds
+
     def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
         if sampling is not None:
             raise ValueError(SAMPLING_REFUSAL)

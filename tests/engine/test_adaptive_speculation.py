@@ -108,6 +108,28 @@ def test_adaptive_choice_is_reported_and_learns_costs(ckpts, llms, prompts):
     assert sum(histogram.values()) == llm.stats.target_forwards and set(histogram) <= set(range(5))
 
 
+def test_the_draft_times_its_further_forwards_apart(ckpts, llms, prompts, monkeypatch):
+    """The cost model is told, for every drafting step, the part of the proposal's seconds after its first draft
+    forward: within the proposal's seconds, and positive where the proposal ran further forwards (k >= 2)."""
+    llm = llms.get(ckpts.qwen3_target, ckpts.llama2_draft, k=4, max_num_seqs=4, adaptive=True)
+    chooser, seen = random.Random(1), []
+    monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows, *reading: chooser.randint(0, 4))
+    observe_step = llm.engine.speculation.observe_step
+
+    def record(rows, k, num_accepted, draft_seconds, *parts):
+        seen.append((k, draft_seconds, parts[-1]))
+        observe_step(rows, k, num_accepted, draft_seconds, *parts)
+    monkeypatch.setattr(llm.engine.speculation, "observe_step", record)
+    llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=20))
+    assert {k for k, _, _ in seen} == set(range(5))
+    for k, draft_seconds, later in seen:
+        assert (later is None) == (k == 0)
+        if k:
+            assert 0.0 <= later < draft_seconds
+        if k >= 2:
+            assert later > 0.0
+
+
 @pytest.mark.parametrize("case, target, draft", BACKLOG_PAIRS, ids=[p[0] for p in BACKLOG_PAIRS])
 def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch, case, target, draft):
     """A greedy probe drafts for one row of the batch (the same one while it decodes); the others propose nothing

@@ -200,6 +200,37 @@ def test_a_block_drafter_costs_one_forward_whatever_k(measured_k):
         assert per_token.choose(rows=1) == 0
 
 
+def test_a_proposal_is_priced_as_its_first_forward_and_the_further_ones():
+    """A draft's first forward in a proposal feeds the text verified since the last one (2-6 tokens a row) and does
+    a proposal's once-only work: 0.45 ms at 4 rows on the shipped pair, each further forward 0.23 ms. With the
+    further forwards timed apart, a proposal of 5 is priced at what it costs (0.45 + 4 x 0.23 ms) however many
+    proposals of 1 came since; timed as a whole, each forward costs the proposal's seconds / F(k), and a mix of the
+    two kinds prices the further forwards at a first one's cost (the control)."""
+    target = {tokens: 0.002 + 0.00005 * tokens for tokens in range(1, 25)}
+
+    def measured(timed_apart: bool) -> AdaptiveSpeculation:
+        spec = AdaptiveSpeculation(5)
+        for tokens, seconds in target.items():
+            spec.target_cost.observe(tokens, seconds)
+        spec.observe_step(4, 5, [5] * 4, draft_seconds=0.00045 + 4 * 0.00023, target_seconds=target[24],
+                          host_seconds=0.0, later_draft_seconds=4 * 0.00023 if timed_apart else None)
+        for _ in range(20):
+            spec.observe_step(4, 1, [1] * 4, draft_seconds=0.00045, target_seconds=target[8], host_seconds=0.0,
+                              later_draft_seconds=0.0 if timed_apart else None)
+        return spec
+
+    def priced_step_seconds(spec: AdaptiveSpeculation, k: int) -> float:   # from its parts (k = 1's steps were
+        return spec._parts(4)[k]                                             # measured whole too)
+
+    timed = measured(timed_apart=True)
+    for k in range(1, 6):
+        assert priced_step_seconds(timed, k) == pytest.approx(target[4 * (k + 1)] + 0.00045 + (k - 1) * 0.00023)
+    untimed = measured(timed_apart=False)   # the proposal of 5: 0.274 ms a forward; of 1: 0.45
+    assert untimed.draft_cost.seconds(4) == pytest.approx(0.00045)
+    assert untimed.draft_next_cost.seconds(4) == pytest.approx((0.00045 + 4 * 0.00023) / 5)
+    assert priced_step_seconds(untimed, 5) > priced_step_seconds(timed, 5) + 0.00015
+
+
 def test_a_drafting_step_pays_its_own_host_work():
     """Plain steps cost 0.2 ms of host work, drafting ones 12 ms (every row's re-sync at a large batch): priced
     by k, drafting loses; one mean over both (mostly plain steps) priced drafting at ~1 ms and kept drafting."""
