@@ -208,6 +208,7 @@ class Engine:
         t0 = time.perf_counter()
         sampling = self._sampling_batch(step_requests)
         k = self.k if self.speculation is None else self._choose_k(step_requests)            # 0 = plain decode
+        t_chosen = time.perf_counter()   # the parts priced for k are timed from here: pricing is not k's cost
         sampling = self._couple(sampling, k)                                               # noise keys, or as is
         drafting = self._drafting_rows(rows, sampling, k)                                 # all, or a probe's one
         read_tokens = self.proposer.unread_tokens(drafting) if k and self.speculation is not None else 0
@@ -223,7 +224,7 @@ class Engine:
         self._record(step_requests, row_drafts, num_accepted, new_target_ids)
         t3 = time.perf_counter()
         if self.speculation is not None:
-            self.speculation.observe_step(len(rows), k, num_accepted, t1 - t0, t2 - t1, t3 - t2,
+            self.speculation.observe_step(len(rows), k, num_accepted, t1 - t_chosen, t2 - t1, t3 - t2,
                                           row_drafts, len(rows) + sum(row_drafts), len(drafting), read_tokens,
                                           self.proposer.later_draft_seconds if k else None)
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.

@@ -64,6 +64,13 @@ DRAFT_MARGIN = 1.05
 HOLD_BELOW = 0.9
 HOLD_STEPS = 8
 HOLD_CLOSE_STEPS = 2
+# A drafting k chosen on pricing (not a rival's re-timing) is chosen again, unpriced, for the next DRAFT_HOLD_STEPS
+# steps at that batch size: priced on every step, the choice cost ~0.1 ms of each 2.5-3.5 ms drafting step at batch
+# 1-4 on the shipped pair (3% of the run, timed in place), and the ks that win there lie within a few % of each other,
+# so a few steps on the runner-up cost less. A held drafting step is measured like a priced one (the engine times a
+# step's parts after the choice). Not where prompts wait to be read: the step that drafts reads them, and the next
+# is priced without them.
+DRAFT_HOLD_STEPS = 4
 
 
 def one_forward_per_token(num_tokens: int) -> int:
@@ -97,10 +104,10 @@ class AdaptiveSpeculation:
     # every 16 steps, each probe a dear step at 16 rows (measured: 0.91x the target alone where it never drafted).
     _probes: dict[int, list[int]] = field(default_factory=dict)
     _last_at: dict[int, dict[int, int]] = field(default_factory=dict)   # k -> rows -> the step that last chose it
-    # rows -> (plain steps still chosen unpriced, the unread prompt tokens they were priced with, the hold a plain step
-    # priced close gets now: doubled at each plain step chosen on pricing in a row, far or close)
-    _held: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-    _unpriced: bool = False   # the last choice was a held plain step: its step is not measured (see observe_step)
+    # rows -> (the k held, steps it is still chosen unpriced, the unread prompt tokens it was priced with, the hold a
+    # plain step priced close gets now: doubled at each plain step chosen on pricing in a row, far or close)
+    _held: dict[int, tuple[int, int, int, int]] = field(default_factory=dict)
+    _unpriced: bool = False   # the last choice was held: a held plain step is not measured (see observe_step)
     _steps: int = 0
 
     def __post_init__(self):
@@ -172,26 +179,27 @@ class AdaptiveSpeculation:
     def choose(self, rows: int, unread_tokens: int = 0,
                remaining_tokens: float | Callable[[], float] = float("inf")) -> int:
         """k for a step over `rows` rows (see expected_rates; remaining_tokens may be a function, called only when
-        the step is priced: a held plain step needs neither it nor the pricing)."""
+        the step is priced: a held step needs neither it nor the pricing)."""
         if not self.draft_cost.estimates:   # the draft's cost is unknown until a step drafts: measure it first
             return self._chose(self.max_k)
         rates = None
-        held, held_unread, close_hold = self._held.get(rows, (0, 0, 0))
+        best, held, held_unread, close_hold = self._held.get(rows, (0, 0, 0, 0))
         self._unpriced = bool(held) and held_unread == unread_tokens
         if self._unpriced:
-            self._held[rows] = (held - 1, unread_tokens, close_hold)
-            best = 0
+            self._held[rows] = (best, held - 1, unread_tokens, close_hold)
+            if best:
+                return self._chose_at(rows, best)
         else:
             rates = self._priced(rows, unread_tokens, remaining_tokens)
             best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
             if best and rates[best] < DRAFT_MARGIN * rates[0]:
                 best = 0
-            if best:
-                self._held.pop(rows, None)   # drafting: the next plain step priced close is held briefly again
+            if best:   # held where no prompt waits (the next step reads it); a plain step priced close: briefly
+                self._held[rows] = (best, 0 if unread_tokens else DRAFT_HOLD_STEPS, unread_tokens, 0)
             else:
                 close_hold = min(2 * close_hold, HOLD_STEPS) if close_hold else HOLD_CLOSE_STEPS
                 far = max(rates[1:]) <= HOLD_BELOW * rates[0]
-                self._held[rows] = (HOLD_STEPS if far else close_hold, unread_tokens, close_hold)
+                self._held[rows] = (0, HOLD_STEPS if far else close_hold, unread_tokens, close_hold)
         probes = self._probes.get(rows.bit_length()) or self._probes.setdefault(rows.bit_length(), [0, PROBE_AFTER])
         if best:
             probes[:] = [0, PROBE_AFTER]

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (DRAFT_MARGIN, HOLD_BELOW, HOLD_CLOSE_STEPS, HOLD_STEPS, PLAIN_RIVAL_WITHIN,
+from anydraft.spec_decode.adaptive import (DRAFT_HOLD_STEPS, DRAFT_MARGIN, HOLD_BELOW, HOLD_CLOSE_STEPS, HOLD_STEPS, PLAIN_RIVAL_WITHIN,
                                           PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AdaptiveSpeculation,
                                           one_forward_per_token)
 from anydraft.spec_decode.estimates import (DECAY, MEASURED_FOR, MEASURED_MIN, NEAR_ROWS, PRIOR_ACCEPTANCE,
@@ -331,7 +331,8 @@ def _parts_favour_k1() -> AdaptiveSpeculation:
     spec.draft_cost.observe(16, 0.0005)
     for _ in range(500):
         spec.acceptance.observe([1] * 10, [1] * 9 + [0])
-    assert spec.choose(rows=16) == 1
+    rates = spec.expected_rates(16)
+    assert rates[1] > DRAFT_MARGIN * rates[0]
     return spec
 
 
@@ -355,7 +356,8 @@ def test_whole_steps_measured_at_a_batch_size_overrule_the_parts():
     _measure(spec, 1, 16, 30, 0.0095, times=1)
     tokens = _pooled(30 / 16, MEASURED_MIN, 16, spec.acceptance.expected_tokens(1))
     assert spec.expected_rates(16) == pytest.approx([4000.0, 16 * tokens / 0.0095])
-    assert spec.choose(rows=16) == 0
+    # The choice of k = 1 is held for DRAFT_HOLD_STEPS (unpriced), then priced: plain.
+    assert [spec.choose(rows=16) for _ in range(DRAFT_HOLD_STEPS + 1)] == [1] * DRAFT_HOLD_STEPS + [0]
     assert spec.choose(rows=4) == 1    # a batch size beyond NEAR_ROWS of any measured one: the parts' price
 
 
@@ -461,6 +463,24 @@ def test_a_plain_step_far_ahead_is_held_unpriced_for_a_few_steps():
     assert calls == [0, holds[0] + 1, sum(holds) + 2]
 
 
+def test_a_drafting_choice_is_held_unpriced_for_a_few_steps_and_still_measured():
+    """Drafting 5 chosen on pricing is chosen again for DRAFT_HOLD_STEPS steps without pricing; those steps are
+    measured like priced ones (the engine times a step's parts after the choice), and the step after them is priced.
+    Not where prompts wait to be read: the step that drafts reads them, and the next is priced without them."""
+    spec = _calibrated(0.050, 0.0, 0.001, 0.0, accept_all=True)
+    priced = []
+    price = spec.expected_rates
+    spec.expected_rates = lambda *args: priced.append(args) or price(*args)
+    assert [spec.choose(rows=1) for _ in range(1 + DRAFT_HOLD_STEPS)] == [5] * (1 + DRAFT_HOLD_STEPS)
+    assert len(priced) == 1 and spec._unpriced
+    spec.observe_step(1, 5, [5], draft_seconds=0.005, target_seconds=0.050, host_seconds=0.0)
+    assert len(spec.measured_steps.steps[(1, 5)]) == 1   # a held drafting step is measured
+    assert spec.choose(rows=1) == 5 and len(priced) == 2
+    for _ in range(3):
+        assert spec.choose(rows=1, unread_tokens=100, remaining_tokens=1000) == 5
+    assert len(priced) == 5
+
+
 def test_a_drafting_step_ends_the_growth_of_close_holds():
     """Plain steps priced close in a row are held longer each time; a drafting step chosen between them starts the
     holds again from HOLD_CLOSE_STEPS."""
@@ -472,7 +492,9 @@ def test_a_drafting_step_ends_the_growth_of_close_holds():
     choices = [spec.choose(rows=16) for _ in range(1 + HOLD_CLOSE_STEPS + 1 + 2 * HOLD_CLOSE_STEPS)]
     assert choices == [0] * len(choices) and len(priced) == 2   # priced, held 2, priced, held 4
     rates = [100.0, 100.0 * DRAFT_MARGIN + 1.0, 50.0, 50.0, 50.0, 50.0]
-    assert spec.choose(rows=16) == 1
+    before = len(priced)
+    assert [spec.choose(rows=16) for _ in range(1 + DRAFT_HOLD_STEPS)] == [1] * (1 + DRAFT_HOLD_STEPS)
+    assert len(priced) - before == 1   # priced, then held
     rates = close
     before = len(priced)
     assert [spec.choose(rows=16) for _ in range(HOLD_CLOSE_STEPS + 2)] == [0] * (HOLD_CLOSE_STEPS + 2)
@@ -498,11 +520,18 @@ def test_a_plain_step_priced_close_behind_drafting_is_retimed_now_and_then():
     at that batch size (its price may come from one slow timing); priced further behind, never."""
     close = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True, max_k=1)
     close.expected_rates = lambda rows, *reading: [80.0, 100.0]
-    chosen = [close.choose(rows=16) for _ in range(3 * RIVAL_AFTER)]
-    assert [i for i, k in enumerate(chosen) if k == 0] == [0, RIVAL_AFTER, 2 * RIVAL_AFTER]
-    # A shrinking batch (16, 15, 16, ...): a re-timing at a batch size within NEAR_ROWS serves the others.
-    chosen = [close.choose(rows=16 - i % 2) for i in range(3 * RIVAL_AFTER)]
-    assert [i for i, k in enumerate(chosen) if k == 0] == [0, RIVAL_AFTER, 2 * RIVAL_AFTER]
+
+    def retimed_plain(chosen: list[int], late: int) -> bool:   # on the steps that price: up to `late` steps late
+        plain = [i for i, k in enumerate(chosen) if k == 0]
+        return (len(plain) == 3 and plain[0] == 0
+                and all(RIVAL_AFTER <= b - a <= RIVAL_AFTER + late for a, b in zip(plain, plain[1:])))
+    assert retimed_plain([close.choose(rows=16) for _ in range(3 * RIVAL_AFTER + DRAFT_HOLD_STEPS)], DRAFT_HOLD_STEPS)
+    # A shrinking batch (16, 15, 16, ...): a re-timing at a batch size within NEAR_ROWS serves the others (each batch
+    # size holds its own choice: the steps between them price at most every 2 * DRAFT_HOLD_STEPS).
+    close = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True, max_k=1)
+    close.expected_rates = lambda rows, *reading: [80.0, 100.0]
+    assert retimed_plain([close.choose(rows=16 - i % 2) for i in range(3 * RIVAL_AFTER + 2 * DRAFT_HOLD_STEPS)],
+                         2 * DRAFT_HOLD_STEPS)
     assert close.choose(rows=4) == 0      # none near 4 rows yet
     far = _calibrated(0.001, 0.001, 0.0005, 0.0002, accept_all=True, max_k=1)
     far.expected_rates = lambda rows, *reading: [100.0 * PLAIN_RIVAL_WITHIN - 1.0, 100.0]
