@@ -270,6 +270,7 @@ class AdaptiveSpeculation:
             forwards = self.draft_forwards(k)
             if later_draft_seconds is None:   # not timed apart: every forward alike
                 later_draft_seconds = draft_seconds * (forwards - 1) / forwards
+            later_draft_seconds = min(later_draft_seconds, draft_seconds)
             self.draft_cost.observe(drafting_rows, draft_seconds - later_draft_seconds)
             if forwards > 1:
                 self.draft_next_cost.observe(drafting_rows, later_draft_seconds / (forwards - 1))

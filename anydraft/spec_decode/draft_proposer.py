@@ -118,6 +118,7 @@ class DraftModelProposer:
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
         unread = self.unread_prompts   # rows not drafting now keep waiting (a probe)
         joined = [r for r in rows if r in unread] if unread else []
+        self.later_draft_seconds = 0.0   # set by _draft (not called where every row's draft cache is full)
         self.start_rows(joined)
         self._read_backlog(rows)
         # Another tokenizer may spell the text in many more tokens than the target's, so a row's draft sequence
