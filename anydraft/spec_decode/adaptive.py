@@ -64,12 +64,13 @@ DRAFT_MARGIN = 1.05
 HOLD_BELOW = 0.9
 HOLD_STEPS = 8
 HOLD_CLOSE_STEPS = 2
-# A drafting k chosen on pricing (not a rival's re-timing) is chosen again, unpriced, for the next DRAFT_HOLD_STEPS
-# steps at that batch size: priced on every step, the choice cost ~0.1 ms of each 2.5-3.5 ms drafting step at batch
-# 1-4 on the shipped pair (3% of the run, timed in place), and the ks that win there lie within a few % of each other,
-# so a few steps on the runner-up cost less. A held drafting step is measured like a priced one (the engine times a
-# step's parts after the choice). Not where prompts wait to be read: the step that drafts reads them, and the next
-# is priced without them.
+# A drafting k chosen on pricing (not a rival's re-timing) with the plain step priced at most HOLD_BELOW of it is
+# chosen again, unpriced, for the next DRAFT_HOLD_STEPS steps at that batch size: priced on every step, the choice
+# cost ~0.1 ms of each 2.5-3.5 ms drafting step at batch 1-4 on the shipped pair (3% of the run, timed in place), and
+# the ks that win there lie within a few % of each other, so a few steps on the runner-up cost less. Priced closer to
+# a plain step (batch 16 on the shipped pair), drafting is not held: a wrong choice there costs a dear step, held it
+# cost five. A held drafting step is measured like a priced one (the engine times a step's parts after the choice).
+# Not where prompts wait to be read: the step that drafts reads them, and the next is priced without them.
 DRAFT_HOLD_STEPS = 4
 
 
@@ -194,8 +195,9 @@ class AdaptiveSpeculation:
             best = max(range(self.max_k + 1), key=lambda k: (rates[k], k))
             if best and rates[best] < DRAFT_MARGIN * rates[0]:
                 best = 0
-            if best:   # held where no prompt waits (the next step reads it); a plain step priced close: briefly
-                self._held[rows] = (best, 0 if unread_tokens else DRAFT_HOLD_STEPS, unread_tokens, 0)
+            if best:   # held where plain is far behind and no prompt waits; a plain step priced close: briefly
+                far = rates[0] <= HOLD_BELOW * rates[best] and not unread_tokens
+                self._held[rows] = (best, DRAFT_HOLD_STEPS if far else 0, unread_tokens, 0)
             else:
                 close_hold = min(2 * close_hold, HOLD_STEPS) if close_hold else HOLD_CLOSE_STEPS
                 far = max(rates[1:]) <= HOLD_BELOW * rates[0]

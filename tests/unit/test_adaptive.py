@@ -464,9 +464,10 @@ def test_a_plain_step_far_ahead_is_held_unpriced_for_a_few_steps():
 
 
 def test_a_drafting_choice_is_held_unpriced_for_a_few_steps_and_still_measured():
-    """Drafting 5 chosen on pricing is chosen again for DRAFT_HOLD_STEPS steps without pricing; those steps are
-    measured like priced ones (the engine times a step's parts after the choice), and the step after them is priced.
-    Not where prompts wait to be read: the step that drafts reads them, and the next is priced without them."""
+    """Drafting 5 chosen on pricing, the plain step far behind, is chosen again for DRAFT_HOLD_STEPS steps without
+    pricing; those steps are measured like priced ones (the engine times a step's parts after the choice), and the step
+    after them is priced. Not where prompts wait to be read (the step that drafts reads them, and the next is priced
+    without them), nor where the plain step is priced within HOLD_BELOW of drafting."""
     spec = _calibrated(0.050, 0.0, 0.001, 0.0, accept_all=True)
     priced = []
     price = spec.expected_rates
@@ -479,6 +480,10 @@ def test_a_drafting_choice_is_held_unpriced_for_a_few_steps_and_still_measured()
     for _ in range(3):
         assert spec.choose(rows=1, unread_tokens=100, remaining_tokens=1000) == 5
     assert len(priced) == 5
+    close = _calibrated(0.050, 0.0, 0.001, 0.0, accept_all=True)   # drafting priced within 10% of plain: not held
+    close.expected_rates = lambda *args: priced.append(args) or [100.0, 50.0, 50.0, 50.0, 50.0, 100.0 / HOLD_BELOW - 1]
+    # (the first step re-times the plain step: a rival within PLAIN_RIVAL_WITHIN, never timed yet)
+    assert [close.choose(rows=1) for _ in range(4)] == [0, 5, 5, 5] and len(priced) == 9
 
 
 def test_a_drafting_step_ends_the_growth_of_close_holds():
@@ -493,8 +498,7 @@ def test_a_drafting_step_ends_the_growth_of_close_holds():
     assert choices == [0] * len(choices) and len(priced) == 2   # priced, held 2, priced, held 4
     rates = [100.0, 100.0 * DRAFT_MARGIN + 1.0, 50.0, 50.0, 50.0, 50.0]
     before = len(priced)
-    assert [spec.choose(rows=16) for _ in range(1 + DRAFT_HOLD_STEPS)] == [1] * (1 + DRAFT_HOLD_STEPS)
-    assert len(priced) - before == 1   # priced, then held
+    assert spec.choose(rows=16) == 1 and len(priced) - before == 1   # priced close to plain: not held
     rates = close
     before = len(priced)
     assert [spec.choose(rows=16) for _ in range(HOLD_CLOSE_STEPS + 2)] == [0] * (HOLD_CLOSE_STEPS + 2)
