@@ -157,17 +157,19 @@ class AdaptiveSpeculation:
 
     def _parts(self, rows: int) -> list[float]:
         """Seconds of a step over `rows` rows drafting k, for k = 0..max_k, as the sum of its parts' estimates."""
-        first, later = self.draft_cost.seconds(rows), self._next_seconds(rows)
-        return [self.target_cost.seconds(rows * (k + 1)) + (first + (self.draft_forwards(k) - 1) * later if k else 0.0)
-                + self._host(k) for k in range(self.max_k + 1)]
+        first, later = self._forward_seconds(rows)
+        return [self.target_cost.seconds(rows * (k + 1)) + self._proposal_seconds(k, first, later) + self._host(k)
+                for k in range(self.max_k + 1)]
 
-    def _next_seconds(self, rows: int) -> float:
-        """A further draft forward over `rows` rows; as dear as a first one until a proposal of two or more is timed."""
-        return (self.draft_next_cost if self.draft_next_cost.estimates else self.draft_cost).seconds(rows)
+    def _forward_seconds(self, rows: int) -> tuple[float, float]:
+        """A proposal's first draft forward over `rows` rows, and each further one (as dear as a first one until a
+        proposal of two or more is timed)."""
+        first = self.draft_cost.seconds(rows)
+        return first, self.draft_next_cost.seconds(rows) if self.draft_next_cost.estimates else first
 
-    def _draft_seconds(self, rows: int, k: int) -> float:
-        """A proposal of k over `rows` rows."""
-        return self.draft_cost.seconds(rows) + (self.draft_forwards(k) - 1) * self._next_seconds(rows) if k else 0.0
+    def _proposal_seconds(self, k: int, first: float, later: float) -> float:
+        """A proposal of k: its first forward and draft_forwards(k) - 1 further ones (nothing for k = 0)."""
+        return first + (self.draft_forwards(k) - 1) * later if k else 0.0
 
     def _host(self, k: int) -> float:
         """Host seconds of a step drafting k: measured at k, else at the nearest k of the same kind (drafting or
@@ -264,7 +266,8 @@ class AdaptiveSpeculation:
         drafting_rows = rows if draft_rows is None else draft_rows
         if k and read_tokens >= drafting_rows and draft_seconds is not None:   # a token a row or more: a read
             if self.draft_cost.estimates:
-                self.read_cost.observe(read_tokens, draft_seconds - self._draft_seconds(drafting_rows, k))
+                self.read_cost.observe(read_tokens, draft_seconds
+                                       - self._proposal_seconds(k, *self._forward_seconds(drafting_rows)))
             draft_seconds = None   # a step that read text says nothing of a draft step's own cost
         self.acceptance.observe([k] * rows if num_drafted is None else num_drafted, num_accepted)
         self.target_cost.observe(rows * (k + 1) if target_tokens is None else target_tokens, target_seconds)

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from anydraft.spec_decode.adaptive import (DRAFT_HOLD_STEPS, DRAFT_MARGIN, HOLD_BELOW, HOLD_CLOSE_STEPS, HOLD_STEPS, PLAIN_RIVAL_WITHIN,
-                                          PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AdaptiveSpeculation,
+from anydraft.spec_decode.adaptive import (DRAFT_HOLD_STEPS, DRAFT_MARGIN, HOLD_BELOW, HOLD_CLOSE_STEPS, HOLD_STEPS,
+                                          PLAIN_RIVAL_WITHIN, PROBE_AFTER, RIVAL_AFTER, RIVAL_WITHIN, AdaptiveSpeculation,
                                           one_forward_per_token)
 from anydraft.spec_decode.estimates import (DECAY, MEASURED_FOR, MEASURED_MIN, NEAR_ROWS, PRIOR_ACCEPTANCE,
                                            PRIOR_ROW_STEPS, PRIOR_WEIGHT, AcceptanceEstimate, MedianCost)
@@ -219,8 +219,8 @@ def test_a_proposal_is_priced_as_its_first_forward_and_the_further_ones():
                               later_draft_seconds=0.0 if timed_apart else None)
         return spec
 
-    def priced_step_seconds(spec: AdaptiveSpeculation, k: int) -> float:   # from its parts (k = 1's steps were
-        return spec._parts(4)[k]                                             # measured whole too)
+    def priced_step_seconds(spec: AdaptiveSpeculation, k: int) -> float:
+        return spec._parts(4)[k]   # from its parts: k = 1's steps were measured whole too
 
     timed = measured(timed_apart=True)
     for k in range(1, 6):
