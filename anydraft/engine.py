@@ -185,8 +185,8 @@ class Engine:
         if sampling is None:
             return self.target.greedy_ids(last_hidden)[:, 0].tolist()
         if self._samples_natively(sampling):
-            return self.target.sample_ids(last_hidden, sampling.temperature,
-                                          draw_keys(sampling.randoms, 1, self.target.device))[:, 0].tolist()
+            keys = draw_keys(sampling.randoms, [len(r.output_target_ids) for r in requests], 1, self.target.device)
+            return self.target.sample_ids(last_hidden, sampling.temperature, keys)[:, 0].tolist()
         target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
                                        sampling.top_p, sampling.any_greedy)                 # [A, 1, V_target]
         uniforms = draw_uniforms(sampling.randoms, 1, target_probs.device)                 # [A, 1]
@@ -209,7 +209,7 @@ class Engine:
         sampling = self._sampling_batch(step_requests)
         k = self.k if self.speculation is None else self._choose_k(step_requests)            # 0 = plain decode
         t_chosen = time.perf_counter()   # the parts priced for k are timed from here: pricing is not k's cost
-        sampling = self._couple(sampling, k)                                               # noise keys, or as is
+        sampling = self._couple(sampling, k, step_requests)                                # noise keys, or as is
         drafting = self._drafting_rows(rows, sampling, k)                                 # all, or a probe's one
         read_tokens = self.proposer.unread_tokens(drafting) if k and self.speculation is not None else 0
         proposal = self._propose(rows, drafting, sampling, k)                             # [B, k] target ids
@@ -327,18 +327,22 @@ class Engine:
         PyTorch path: logits, logits_to_probs, sample_from_probs)."""
         return self.target.samples_natively and sampling.untruncated
 
-    def _couple(self, sampling: SamplingBatch | None, k: int) -> SamplingBatch | None:
+    def _couple(self, sampling: SamplingBatch | None, k: int, requests: list[Request]) -> SamplingBatch | None:
         """Coupled draws where both sides can (a native sampling head on the target, a proposer that draws with the
         same noise, or nothing drafted): the target draws its own token at each of the k+1 positions (Gumbel-max,
-        position i's noise from key i) and a draft is accepted iff it equals the target's draw there. Lossless: the
-        emitted tokens are the target's own draws, and a draft at position i sees only position i's noise, so whether
-        position i is reached depends on earlier positions' noise only. No probabilities, no logits: the step costs
-        what a greedy one does. Else (top-k/top-p, greedy rows, other heads or proposers) rejection sampling."""
+        the noise of a row's output position n from its key n, `draw_keys`) and a draft is accepted iff it equals the
+        target's draw there. Lossless: the emitted tokens are the target's own draws, and the step stops at a position
+        from earlier positions' noise only, so a position's key is still unseen when the next step draws it again
+        after its true prefix. Each emitted token is then argmax(logits / T + noise of key n) after the same prefix
+        as the target alone's: a seeded request samples its text token for token, whatever k and batch.
+        No probabilities, no logits: the step costs what a greedy one does. Else (top-k/top-p, greedy rows, other
+        heads or proposers) rejection sampling, whose seeded output also depends on the k of each step."""
         if sampling is None or not self._samples_natively(sampling):
             return sampling
         if k and not getattr(self.proposer, "couples_draws", False):
             return sampling
-        return replace(sampling, keys=draw_keys(sampling.randoms, k + 1, self.target.device))   # [B, k+1]
+        positions = [len(r.output_target_ids) for r in requests]   # each row's next output position
+        return replace(sampling, keys=draw_keys(sampling.randoms, positions, k + 1, self.target.device))  # [B, k+1]
 
     def _verify(self, target_out, proposal: Proposal, sampling: SamplingBatch | None,
                 row_drafts: list[int]) -> VerifyOutput:

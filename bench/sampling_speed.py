@@ -6,7 +6,9 @@ temperature 0.7 (each request seeded), medians of --repeats rounds after a warm-
 mode) has its own LLM, so adaptive speculation learns the costs of one kind of traffic. The headline is sampled /
 greedy tok/s of the same contender and batch, a ratio from one schedule. In a round, the four LLMs of a batch size
 decode the same group of prompts (one prompt at batch 1, all 16 at batch 16) taking turns step by step
-(anydraft/bench/interleave.py), each timed over its own steps, so the machine's drift hits all alike.
+(anydraft/bench/interleave.py), each timed over its own steps, so the machine's drift hits all alike. Every
+request's tokens are checked against the target alone's, sampled too (`tli_equals_target_alone`): with coupled
+draws a seeded request samples the target alone's tokens.
 
     python bench/sampling_speed.py --out bench/results/<date>-sampling/speed.json
 """
@@ -57,6 +59,10 @@ def main() -> None:
                                seed=None if MODES[mode] == 0 else 1000 * round_index + i)
                 for i in range(len(prompts))]
 
+    # (batch, mode) -> [prompts where TLI's tokens equal the target alone's, prompts]: greedy is lossless, and a
+    # seeded sampled request draws each token with its position's noise (sampling.draw_keys), so it must match too.
+    matches = {(batch, mode): [0, 0] for batch in batch_sizes for mode in MODES}
+
     def run_round(round_index: int, rows: slice | None = None) -> dict[tuple, tuple[int, float]]:
         """Every contender of a batch size decodes the same groups of prompts, taking turns step by step."""
         done = {}
@@ -67,8 +73,13 @@ def main() -> None:
             for i in range(0, len(group_prompts), batch):
                 runs = {key: (llms[key], group_prompts[i:i + batch], params(key[2], round_index)[i:i + batch])
                         for key in keys}
-                for key, (n, seconds, _) in step_interleaved(runs, turn=round_index + i).items():
+                outcome = step_interleaved(runs, turn=round_index + i)
+                for key, (n, seconds, _) in outcome.items():
                     totals[key] = (totals[key][0] + n, totals[key][1] + seconds)
+                for mode in MODES:
+                    pairs = list(zip(outcome[("TLI", batch, mode)][2], outcome[("target alone", batch, mode)][2]))
+                    matches[(batch, mode)][0] += sum(a == b for a, b in pairs)
+                    matches[(batch, mode)][1] += len(pairs)
             done.update(totals)
         return done
 
@@ -87,7 +98,9 @@ def main() -> None:
               "command": "python bench/sampling_speed.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
               "config": {**vars(args), "temperatures": MODES, "speculative_config": contenders["TLI"]},
-              "runs": {}, "ratios": {}}
+              "runs": {}, "ratios": {},
+              "tli_equals_target_alone": {f"batch {b} {m}": f"{same}/{total}" for (b, m), (same, total)
+                                          in matches.items()}}
     for key, values in rates.items():
         stats = llms[key].stats
         result["runs"][" ".join(map(str, key))] = {
@@ -109,7 +122,8 @@ def main() -> None:
     print(json.dumps({"ratios": {k: round(v["median_of_medians"], 3) for k, v in result["ratios"].items()},
                       "tok/s": {k: round(v["tokens_per_second_median"], 1) for k, v in result["runs"].items()},
                       "AL": {k: round(v["acceptance_length"], 3) for k, v in result["runs"].items()
-                             if v["contender"] != "target alone"}}, indent=1))
+                             if v["contender"] != "target alone"},
+                      "TLI = target alone": result["tli_equals_target_alone"]}, indent=1))
 
 
 if __name__ == "__main__":

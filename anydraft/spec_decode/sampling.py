@@ -7,8 +7,10 @@ softmax and the output head together.
 """
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ..tensors import greedy_argmax
@@ -138,10 +140,11 @@ def sample_from_probs(probs: torch.Tensor,      # [..., V] (unnormalized is fine
 
 
 class RowRandom:
-    """The random stream of one request: a torch.Generator on the device, seeded from the request.
+    """The random stream of one request: a torch.Generator on the device, seeded from the request, and the base of
+    its counter-based noise keys (`draw_keys`).
 
-    Every draw for a row comes from its own generator, so a seeded request gets the same noise (and so
-    the same output, for the same models, k and device) regardless of which requests share its batch.
+    Every draw for a row comes from its own generator or keys, so a seeded request gets the same noise (and so
+    the same output, for the same models and device) regardless of which requests share its batch.
     """
 
     def __init__(self, seed: int | None, device: torch.device | str = "cpu"):
@@ -151,12 +154,23 @@ class RowRandom:
             self.generator.seed()  # non-deterministic seed for unseeded requests
         else:
             self.generator.manual_seed(seed)
+        # On the host, from the seed alone: the keys of a token position need no draw from the stream.
+        self.noise_base = secrets.randbits(64) if seed is None else int(_splitmix64(np.array([seed], np.uint64))[0])
 
     def uniform(self, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:   # [k] in [0, 1)
         return torch.rand(k, generator=self.generator, device=self.device, dtype=dtype)
 
-    def keys(self, k: int) -> torch.Tensor:   # [k] int64, every bit random: keys of counter-based noise
-        return torch.randint(-2 ** 63, 2 ** 63 - 1, (k,), generator=self.generator, device=self.device)
+
+_GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix64(states: np.ndarray) -> np.ndarray:
+    """splitmix64's output function (uint64 arrays wrap on overflow): a bijection whose outputs for states one
+    gamma apart pass as independent 64-bit draws."""
+    z = states.copy()
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 def draw_uniforms(row_randoms: Sequence[RowRandom | None], num: int,
@@ -171,13 +185,18 @@ def draw_uniforms(row_randoms: Sequence[RowRandom | None], num: int,
     return uniforms.to(device, non_blocking=True)
 
 
-def draw_keys(row_randoms: Sequence[RowRandom], num: int, device: torch.device | str) -> torch.Tensor:   # [B, num]
-    """Row i's `num` noise keys (int64) from row_randoms[i]: a native sampling head (NativeHead.sample) derives the
-    noise of every vocabulary entry from one key, so a token costs one draw from the row's stream, as with
-    `draw_uniforms`. Every row samples (no None entries)."""
-    keys = torch.stack([row_random.keys(num) for row_random in row_randoms]) if row_randoms else \
-        torch.zeros(0, num, dtype=torch.long)
-    return keys.to(device, non_blocking=True)
+def draw_keys(row_randoms: Sequence[RowRandom], positions: Sequence[int], num: int,
+              device: torch.device | str) -> torch.Tensor:   # [B, num] int64
+    """Row i's noise keys (int64, every bit random) for its output positions positions[i] .. positions[i] + num - 1:
+    splitmix64's output number `position + 1` from the row's noise_base. A native sampling head (NativeHead.sample)
+    derives the noise of every vocabulary entry from one key, and a token's key depends on its request and output
+    position only, not on how many tokens a step drafted: the tokens a seeded request samples are the same with any
+    k (adaptive's choices follow the load), any batch and any draft, and equal the target alone's. Every row samples
+    (no None entries)."""
+    bases = np.array([r.noise_base for r in row_randoms], dtype=np.uint64)[:, None]                  # [B, 1]
+    counters = np.array(positions, dtype=np.uint64)[:, None] + np.arange(1, num + 1, dtype=np.uint64)  # [B, num]
+    keys = _splitmix64(bases + counters * _GOLDEN_GAMMA).reshape(len(row_randoms), num)
+    return torch.from_numpy(keys.view(np.int64)).to(device, non_blocking=True)
 
 
 def draw_noise(row_randoms: Sequence[RowRandom | None], k: int,

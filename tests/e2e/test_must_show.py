@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from anydraft.cli import main
 from anydraft.model.native_extension import cpu_has
 
@@ -47,6 +49,21 @@ def test_generate_default_pair_is_lossless_against_the_target_alone(capsys):
     # bf16: with the native kernels every row is computed the same way whatever the batch shape (exact); on
     # the PyTorch path a verification forward may round differently and flip a near-tie, on this prompt none.
     assert spec["outputs"][0]["token_ids"] == alone["outputs"][0]["token_ids"]
+
+
+def test_seeded_sampling_with_the_default_pair_writes_the_target_alone_s_tokens(capsys):
+    """Coupled draws with noise keyed by output position (sampling.draw_keys): a seeded sampled request gets the
+    target alone's tokens whatever the draft proposed and whichever k adaptive speculation chose."""
+    if not native_expected():
+        pytest.skip("hardware: coupled draws need the native sampling head (AVX-512); the PyTorch path samples by "
+                    "rejection, whose tokens depend on the drafts")
+    sampled = ["generate", "--json", "--temperature", "0.7", "--max-tokens", "48", NATALIA]
+    spec = run_cli(capsys, sampled + ["--seed", "3"])
+    alone = run_cli(capsys, sampled + ["--seed", "3", "--draft", "none"])
+    other_seed = run_cli(capsys, sampled + ["--seed", "4", "--draft", "none"])
+    assert spec["metrics"]["acceptance_length"] > 1.0   # drafts decided tokens
+    assert spec["outputs"][0]["token_ids"] == alone["outputs"][0]["token_ids"]
+    assert other_seed["outputs"][0]["token_ids"] != alone["outputs"][0]["token_ids"]   # the seed decides the text
 
 
 def test_vocab_qwen3_smollm2_intersection(capsys, shared_dir):

@@ -193,3 +193,41 @@ def test_coupled_draws_stay_exact_when_probes_draft_for_one_row(target, tli_draf
     print(f"\n[one-row probes] accepted per step {accepted:.2f}")
     assert any(rows > 1 and one == 1 for rows, one in drafting) and accepted > 0
     _assert_exact_positions(llm, target, tokens)
+
+
+def _seeded_ids(llm, seed0: int, num: int = 64, max_tokens: int = 12) -> list[list[int]]:
+    params = [SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens, seed=seed0 + i, ignore_eos=True)
+              for i in range(num)]
+    return [o.outputs[0].token_ids for o in llm.generate([PROMPT] * num, params)]
+
+
+def test_seeded_requests_sample_the_target_alone_s_tokens_with_any_k(llm, target, tli_draft, monkeypatch):
+    """A token's noise is keyed by its request and output position (sampling.draw_keys), and with coupled draws
+    every emitted token is the target's own draw after the true prefix: a seeded request's tokens equal the target
+    alone's, with fixed k and with adaptive choices that follow the load (here random ks, one-row probes included).
+    Controls: another seed gives other tokens; keys counted per step instead of per position break the equality."""
+    alone = _seeded_ids(llm, seed0=40_000)
+    assert sum(a != b for a, b in zip(alone, _seeded_ids(llm, seed0=50_000))) > 32   # the seed decides the text
+    spec = {"model": str(tli_draft), "num_speculative_tokens": 3}
+    fixed = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64,
+                speculative_config={**spec, "adaptive": False})
+    adaptive = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=16, max_model_len=64,
+                   speculative_config=spec)
+    speculation, chooser = adaptive.engine.speculation, random.Random(7)
+
+    def choose(rows: int, *reading) -> int:
+        k = chooser.randint(0, 3)
+        speculation.probing = k > 0 and chooser.random() < 0.5
+        return k
+    monkeypatch.setattr(speculation, "choose", choose)
+    assert _seeded_ids(fixed, seed0=40_000) == alone
+    assert _seeded_ids(adaptive, seed0=40_000) == alone
+    assert fixed.stats.num_accepted > 0 and adaptive.stats.num_accepted > 0   # drafts decided tokens
+    # Control: a step's keys from its first position 0 (noise that depends on how tokens fall into steps).
+    import anydraft.engine as engine_module
+    draw_keys = engine_module.draw_keys
+    monkeypatch.setattr(engine_module, "draw_keys", lambda randoms, positions, num, device:
+                        draw_keys(randoms, [0] * len(positions), num, device))
+    differ = sum(a != b for a, b in zip(_seeded_ids(llm, seed0=40_000), _seeded_ids(fixed, seed0=40_000)))
+    print(f"\n[keys per step] {differ} of 64 requests differ from the target alone")
+    assert differ > 16

@@ -5,7 +5,8 @@ by the tests, driven by the official `openai` client.
 - `tiny_server`: a tiny random qwen3-vocabulary target in float64 (its greedy text has many tokens that are
   partial UTF-8) whose tokenizer config lacks a chat template, with a TLI draft on the llama2 tokenizer
   (SentencePiece), an API key, and max_model_len 128. Speculation is not adaptive here: adaptive k follows
-  measured step times, and a seeded sample depends on each step's k, so seeds reproduce only with a fixed k.
+  measured step times, and a seeded sample on the PyTorch path (float64 here: rejection sampling) depends on each
+  step's k, so seeds reproduce only with a fixed k.
 """
 from __future__ import annotations
 

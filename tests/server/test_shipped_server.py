@@ -1,14 +1,20 @@
 """`anydraft serve` with no model flags (the shipped qwen3-target + smollm2-draft pair), driven by the `openai`
 client: chat and completions stream text, /metrics counts accepted draft tokens, concurrent streams equal their
-non-streamed text, a client that leaves mid-stream frees its row, and a short soak (bench/soak.py)."""
+non-streamed text, a seeded sample reproduces under load, a client that leaves mid-stream frees its row, and a
+short soak (bench/soak.py)."""
 from __future__ import annotations
 
 import asyncio
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
+
+from anydraft import LLM, SamplingParams
+from anydraft.model.native_extension import cpu_has
 
 from tiny_models import gsm8k_questions
 
@@ -84,6 +90,29 @@ def test_a_client_that_leaves_mid_stream_frees_its_row(shipped_server):
     assert shipped_server.metric("anydraft:generation_tokens_total") - tokens_before < 1500
     after = client.completions.create(model=MODEL, prompt=_prompts(1)[0], max_tokens=8, temperature=0)
     assert after.choices[0].finish_reason in ("length", "stop") and after.usage.completion_tokens >= 1
+
+
+def test_a_seeded_sample_is_the_target_alone_s_whatever_the_load(shipped_server):
+    """Adaptive speculation drafts another k under load; with coupled draws (noise keyed by output position) a
+    seeded sampled request still gets the same text, alone or among 15 others, and it is the target alone's."""
+    if not (cpu_has("avx512f") and cpu_has("avx512bw") and cpu_has("avx512_vnni")):
+        pytest.skip("hardware: coupled draws need the native sampling head (AVX-512 VNNI); the PyTorch path samples "
+                    "by rejection, whose seeded text depends on each step's k")
+    client, prompt = shipped_server.client(), _prompts(1, start=3)[0]
+
+    def complete(prompt: str, seed: int | None) -> str:
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=48, temperature=0.7,
+                                         seed=seed).choices[0].text
+    alone = complete(prompt, 5)
+    others = _prompts(15, start=20)
+    with ThreadPoolExecutor(16) as pool:
+        loaded = pool.submit(complete, prompt, 5)
+        texts = list(pool.map(complete, others, [None, 1] * 7 + [None]))
+    assert all(texts) and loaded.result() == alone
+    assert complete(prompt, 6) != alone   # the seed decides the text
+    target_alone = LLM(MODEL)
+    assert target_alone.generate(prompt, SamplingParams(temperature=0.7, max_tokens=48, seed=5))[0].outputs[0].text \
+        == alone
 
 
 def test_short_soak(shipped_server):

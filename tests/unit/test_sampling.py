@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from anydraft.spec_decode.sampling import RowRandom, draw_noise, logits_to_probs, sample_from_probs
+from anydraft.spec_decode.sampling import RowRandom, draw_keys, draw_noise, logits_to_probs, sample_from_probs
 
 P_VALUE_MIN = 1e-3
 
@@ -205,6 +205,25 @@ def test_row_random_seed_reproduces():
     assert torch.equal(a.uniform(3, torch.float64), b.uniform(3, torch.float64))
     assert not torch.equal(RowRandom(123).uniform(5), RowRandom(124).uniform(5))
     assert RowRandom(None).uniform(4).shape == (4,)
+
+
+def test_a_noise_key_depends_on_the_request_and_the_output_position_only():
+    """The key of a row's output position n is the same however the positions are grouped into steps (k + 1 per
+    step, k varying), whichever rows share the batch: what makes a seeded request sample the same tokens with any k."""
+    whole = draw_keys([RowRandom(7)], [0], 12, "cpu")[0]                                   # [12]
+    emitted, position = [], 0
+    for num, kept in ((1, 1), (4, 2), (2, 2), (6, 3), (1, 1)):   # (k + 1 keys, tokens the step emitted)
+        keys = draw_keys([RowRandom(3), RowRandom(7), RowRandom(None)], [5, position, 0], num, "cpu")   # [3, num]
+        emitted.append(keys[1, :kept])   # a rejected position's key comes again in the next step's first
+        position += kept
+    assert torch.equal(torch.cat(emitted), whole[:position])
+    assert whole.dtype == torch.int64 and len(set(whole.tolist())) == 12
+    assert not torch.equal(draw_keys([RowRandom(8)], [0], 12, "cpu")[0], whole)               # another seed
+    assert not torch.equal(draw_keys([RowRandom(None)], [0], 12, "cpu")[0], whole)            # unseeded: random
+    # Every bit of a key is a fair coin over positions and seeds (keys one position apart are unrelated).
+    keys = draw_keys([RowRandom(s) for s in range(64)], list(range(64)), 64, "cpu").flatten()   # [4096]
+    bits = ((keys[:, None] >> torch.arange(64)) & 1).double().mean(0)                      # [64]
+    assert ((bits - 0.5).abs() < 0.04).all(), bits   # 4096 draws: sd 0.008, 5 sd
 
 
 def test_draw_noise_per_row_independent_of_batch_mates():
