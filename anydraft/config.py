@@ -51,6 +51,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 or -1 = off), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not (isinstance(self.seed, int) and -2 ** 63 <= self.seed < 2 ** 64):
+            raise ValueError(f"seed must be an integer in [-2**63, 2**64) (a 64-bit seed) or None, got {self.seed!r}")
         if self.num_speculative_tokens is not None and (not isinstance(self.num_speculative_tokens, int)
                                                         or self.num_speculative_tokens < 0):
             raise ValueError(f"num_speculative_tokens must be an integer >= 0 (0 = no speculation for this request) "

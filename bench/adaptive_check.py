@@ -63,6 +63,9 @@ def main() -> None:
                              "is this run's noise floor for the must-show's ratio (two identical contenders)")
     parser.add_argument("--max-model-len", type=int, default=2048,
                         help="each LLM's; a real-shaped target's KV cache at batch 64 needs it small on 24 GiB")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0 = greedy (the goals'); above 0 each request is seeded (prompt and round), the same "
+                             "seeds for every contender: with coupled draws their tokens must still be equal")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -75,7 +78,10 @@ def main() -> None:
     questions = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[:max([args.num_prompts] + extra)]
     all_prompts = [gsm8k.build_prompt(q["question"], [], None, False) for q in questions]
     prompts = all_prompts[:args.num_prompts]
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+
+    def params(first: int, n: int, repeat: int) -> list[SamplingParams]:   # prompts first .. first + n - 1
+        return [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
+                               seed=None if args.temperature == 0 else 1000 * repeat + first + i) for i in range(n)]
     batch = len(prompts)
     # One LLM per (setting, contender): adaptive learns its costs at the batch size it serves, and each k
     # histogram counts only its own setting's steps.
@@ -98,7 +104,7 @@ def main() -> None:
                      for setting, _, b in groups}
     contenders = {(setting, name): make(name, b) for setting, names, b in groups for name in names}
     for setting, names, b in groups:   # warm-up
-        step_interleaved({name: (contenders[(setting, name)], group_prompts[setting][:b], [params] * b)
+        step_interleaved({name: (contenders[(setting, name)], group_prompts[setting][:b], params(0, b, -1))
                           for name in names})
     rates: dict[tuple[str, str], list[float]] = {key: [] for key in contenders}
     round_totals: dict[tuple[str, str], list[tuple[int, float]]] = {key: [] for key in contenders}   # (tokens, s)
@@ -112,7 +118,7 @@ def main() -> None:
             outs = {name: [] for name in names}
             for i in range(0, len(group_prompts[setting]), b):
                 group = group_prompts[setting][i:i + b]
-                done = step_interleaved({name: (contenders[(setting, name)], group, [params] * len(group))
+                done = step_interleaved({name: (contenders[(setting, name)], group, params(i, len(group), repeat))
                                          for name in names}, turn=repeat + i)
                 for name, (n, dt, out) in done.items():
                     tokens[name], seconds[name] = tokens[name] + n, seconds[name] + dt
@@ -125,8 +131,8 @@ def main() -> None:
     result = {**provenance(torch_threads=args.threads), "command": shlex.join(["python"] + sys.argv),
               "config": vars(args), "runs": {}}
     for (setting, name), values in rates.items():
-        # Greedy is lossless: every contender's outputs equal the target alone's (else the first fixed k's, checked
-        # against the target alone in other runs).
+        # Greedy is lossless, and so are seeded coupled draws token for token: every contender's outputs equal the
+        # target alone's (else the first fixed k's, checked against the target alone in other runs).
         group_reference = "target alone" if args.target_alone or not setting.startswith("extra") else fixed[0]
         result["runs"][f"{setting} {name}"] = {
             "tokens_per_second_median": statistics.median(values), "tokens_per_second_all": values,

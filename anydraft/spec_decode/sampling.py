@@ -152,10 +152,11 @@ class RowRandom:
         self.generator = torch.Generator(device=self.device)
         if seed is None:
             self.generator.seed()  # non-deterministic seed for unseeded requests
-        else:
+            self.noise_base = secrets.randbits(64)
+        else:   # a 64-bit seed, signed or not (torch reads it modulo 2**64 too)
             self.generator.manual_seed(seed)
-        # On the host, from the seed alone: the keys of a token position need no draw from the stream.
-        self.noise_base = secrets.randbits(64) if seed is None else int(_splitmix64(np.array([seed], np.uint64))[0])
+            # On the host, from the seed alone: the keys of a token position need no draw from the stream.
+            self.noise_base = int(_splitmix64(np.array([seed % 2 ** 64], np.uint64))[0])
 
     def uniform(self, k: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:   # [k] in [0, 1)
         return torch.rand(k, generator=self.generator, device=self.device, dtype=dtype)

@@ -220,6 +220,8 @@ def test_a_noise_key_depends_on_the_request_and_the_output_position_only():
     assert whole.dtype == torch.int64 and len(set(whole.tolist())) == 12
     assert not torch.equal(draw_keys([RowRandom(8)], [0], 12, "cpu")[0], whole)               # another seed
     assert not torch.equal(draw_keys([RowRandom(None)], [0], 12, "cpu")[0], whole)            # unseeded: random
+    signed = draw_keys([RowRandom(-7), RowRandom(2 ** 64 - 7), RowRandom(2 ** 63)], [0, 0, 0], 4, "cpu")
+    assert torch.equal(signed[0], signed[1]) and not torch.equal(signed[0][:4], whole[:4])   # seeds modulo 2**64
     # Every bit of a key is a fair coin over positions and seeds (keys one position apart are unrelated).
     keys = draw_keys([RowRandom(s) for s in range(64)], list(range(64)), 64, "cpu").flatten()   # [4096]
     bits = ((keys[:, None] >> torch.arange(64)) & 1).double().mean(0)                      # [64]
