@@ -1,19 +1,19 @@
 """Adaptive speculation against its two baselines, in one process, interleaved (issue: throughput under load).
 
-Batch 16: LLM with the draft and default settings (num_speculative_tokens 5, adaptive) vs LLM with the target
-alone, 16 GSM8K test prompts decoded together. Batch 1: the same settings vs {"num_speculative_tokens": 3,
-"adaptive": False} (and the target alone, for context), one prompt at a time; each setting has its own LLM.
-Greedy (or --temperature T, each request seeded), max 128 tokens, medians of --repeats rounds after a warm-up; within a round the contenders of a batch
-size decode the same group of prompts (all 16 at batch 16, each prompt at batch 1) taking turns step by step, in
-rotating order, each timed over its own steps. Outputs are checked equal across the contenders (greedy is
-lossless; a seeded sample with coupled draws is the target alone's, token for token). --control adds a second target-alone LLM at batch 16: two identical contenders, whose ratio shows how
-far this machine moves the must-show's ratio by itself. --balanced also adds a second adaptive LLM, created last:
-the four are created adaptive, target alone, target alone, adaptive (ABBA), and each setting's tok/s in a round is
-its two LLMs' tokens over their seconds. In one process the LLMs created later decode faster (five target-alone LLMs
-created in turn: the first 0.986x the second, the last 1.01x), so with one LLM each the setting created first is
-handicapped by the order alone; the first pair's ratio (the unbalanced statistic) is reported beside it. `ratios`
-compares the contenders' median tok/s (the must-show's statistic); `paired_ratios` the median of the rounds' own
-ratios.
+Batch 16: LLM with the draft and default settings (num_speculative_tokens 5, adaptive) vs LLM with the target alone,
+16 GSM8K test prompts decoded together. Batch 1: the same settings vs {"num_speculative_tokens": 3, "adaptive":
+False} (and the target alone, for context), one prompt at a time; each setting has its own LLM. Greedy (or
+--temperature T, each request seeded), max 128 tokens, medians of --repeats rounds after a warm-up; within a round
+the contenders of a batch size decode the same group of prompts (all 16 at batch 16, each prompt at batch 1) taking
+turns step by step, in rotating order, each timed over its own steps. Outputs are checked equal across the
+contenders (greedy is lossless; a seeded sample with coupled draws is the target alone's, token for token).
+--control adds a second target-alone LLM at batch 16: two identical contenders, whose ratio shows how far this
+machine moves the must-show's ratio by itself. --balanced also adds a second adaptive LLM, created last: the four
+are created adaptive, target alone, target alone, adaptive (ABBA), and each setting's tok/s in a round is its two
+LLMs' tokens over their seconds. In one process the LLMs created later decode faster (five target-alone LLMs created
+in turn: the first 0.986x the second, the last 1.01x), so with one LLM each the setting created first is handicapped
+by the order alone; the first pair's ratio (the unbalanced statistic) is reported beside it. `ratios` compares the
+contenders' median tok/s (the must-show's statistic); `paired_ratios` the median of the rounds' own ratios.
 
     python bench/adaptive_check.py --out bench/results/<date>-adaptive/check.json
 """
