@@ -11,9 +11,9 @@
 //
 // Noise: g_n = -log(-log(u_n)), u_n = ((z >> 11) + 1/2) 2^-53 with z = (h(n, key) << 32) | h'(n, key), two keyed
 // 32-bit hashes of the counter n (lowbias32 rounds with the key's halves mixed in): a counter-based stream, one
-// 64-bit key per activation row (drawn from the request's generator), so a seeded request draws the same token
-// whatever its batch-mates, its position in the batch or the thread count. The bound needs only h (z's top 24
-// bits), 16 rows per vector.
+// 64-bit key per activation row (its request's key for that output position, sampling.draw_keys), so a seeded
+// request draws the same token whatever its batch-mates, its position in the batch, the thread count or the step
+// that draws it. The bound needs only h (z's top 24 bits), 16 rows per vector.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
