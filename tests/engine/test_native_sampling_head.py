@@ -1,7 +1,8 @@
 """The native sampling head (NativeHead.sample, csrc/sampling_head.cpp): its token is the Gumbel-max over ALL head rows
-with the documented counter-based noise (checked against a brute-force float64 reference that computes every logit),
-whatever the batch around a row; and its draws are distributed as softmax(logits / T) (chi-square, with negative
-controls: a wrong temperature and a wrong noise law are rejected by the same test)."""
+with the documented counter-based noise, built by blocks of 16 ids (checked against a brute-force float64 reference
+that computes every logit and every id's noise; the noise itself is iid Gumbel), whatever the batch around a row; and
+its draws are distributed as softmax(logits / T) (chi-square, with negative controls: a wrong temperature and a wrong
+noise law are rejected by the same test)."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,26 +30,39 @@ def _lowbias32(x: np.ndarray) -> np.ndarray:   # uint64 arrays holding 32-bit va
     return x ^ (x >> np.uint64(16))
 
 
-def _uniforms(key: int, n: np.ndarray) -> np.ndarray:
-    """The kernel's noise stream (sampling_head.cpp): z = hash_high << 32 | hash_low, u = ((z >> 11) + 1/2) 2^-53."""
+def _uniforms(key: int, counters: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's uniform stream (sampling_head.cpp): z = hash_high << 32 | hash_low of each counter, and
+    u = ((z >> 11) + 1/2) 2^-53; returns (u, z)."""
     key &= (1 << 64) - 1
     k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
-    n = n.astype(np.uint64)
+    n = counters.astype(np.uint64)
     high = _lowbias32(_lowbias32((n * np.uint64(0x9E3779B9) + k0) & MASK32) ^ k1)
     low = _lowbias32(_lowbias32((n * np.uint64(0x85EBCA6B) + k1) & MASK32) ^ k0 ^ np.uint64(0x5BD1E995))
     z = (high << np.uint64(32)) | low
-    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53, z
+
+
+def _noise(key: int, ids: np.ndarray) -> np.ndarray:
+    """The kernel's noise of each id, as its header says, written again: the largest of its block of 16 ids
+    (id >> 4), -log(w0 / 16) with w0 = -log u0, sits at lane z0 & 15; every other id draws -log(w0 / 16 - log u)."""
+    ids = ids.astype(np.int64)
+    u0, z0 = _uniforms(key, (ids >> 4) | 0x80000000)
+    u, _ = _uniforms(key, ids)
+    w0 = -np.log(u0)
+    at_max = (ids & 15) == (z0 & np.uint64(15)).astype(np.int64)
+    return np.where(at_max, -np.log(w0 / 16), -np.log(w0 / 16 - np.log(u)))
 
 
 def _reference(head: NativeHead, hidden: torch.Tensor, num_rows: int, temperature: torch.Tensor,
-               keys: torch.Tensor) -> torch.Tensor:
-    """Brute force: every logit (head.logits), every row's float64 Gumbel, the argmax (lowest row on ties)."""
+               keys: torch.Tensor, noise_ids: np.ndarray | None = None) -> torch.Tensor:
+    """Brute force: every logit (head.logits), every row's float64 Gumbel (of its noise id), the argmax (lowest row
+    on ties)."""
+    ids = None if noise_ids is None else noise_ids[:num_rows]
     logits = head.logits(hidden.reshape(-1, hidden.shape[-1]))[:, :num_rows].double().numpy()   # [M, N]
     rows = np.arange(num_rows)
     out = []
     for m in range(logits.shape[0]):
-        u = _uniforms(int(keys[m]), rows)
-        perturbed = logits[m] * (1.0 / float(temperature[m])) + -np.log(-np.log(u))
+        perturbed = logits[m] * (1.0 / float(temperature[m])) + _noise(int(keys[m]), rows if ids is None else ids)
         out.append(int(np.argmax(perturbed)))
     return torch.tensor(out).view(hidden.shape[:-1])
 
@@ -82,6 +96,38 @@ def test_rows_past_the_probe_are_screened_without_losing_the_winner(temperature)
     drawn = head.sample(hidden, 20000, temps, keys)
     assert torch.equal(drawn, _reference(head, hidden, 20000, temps, keys))
     assert (drawn >= 1024).float().mean() > 0.5   # most winners lie past the probe
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 8.0])
+def test_a_head_over_other_ids_draws_each_row_with_its_id_s_noise(temperature):
+    """A draft's head stands for target ids (noise_ids: sparse, out of order, each head block spanning many noise
+    blocks): each row draws with its id's noise, and the draw is the exact Gumbel-max over every row."""
+    head = _head(3000, seed=18, scale=0.1)
+    ids = np.random.default_rng(19).choice(150_000, 3000, replace=False)
+    hidden = (torch.randn(8, 128, generator=torch.Generator().manual_seed(20)) * 3).bfloat16()
+    temps, keys = torch.full((8,), temperature), _keys(8, 21)
+    drawn = head.sample(hidden, 3000, temps, keys, torch.from_numpy(ids))
+    assert torch.equal(drawn, _reference(head, hidden, 3000, temps, keys, ids))
+    assert not torch.equal(drawn, head.sample(hidden, 3000, temps, keys))   # the ids' noise, not the rows'
+
+
+def test_the_noise_by_blocks_is_iid_gumbel_with_a_negative_control():
+    """The kernel's noise (equal to _noise by the exact tests above) built by blocks: every lane of a block is
+    Gumbel(0, 1) and the lanes are uncorrelated; the block's maximum alone is not (a control: the same uniforms
+    with the other lanes not truncated below it fail the same test)."""
+    from scipy.stats import kstest
+    ids = np.arange(16 * 4096)
+    g = np.stack([_noise(key, ids) for key in range(4)]).reshape(-1, 16)              # [blocks, 16]
+    gumbel_cdf = lambda x: np.exp(-np.exp(-x))   # noqa: E731
+    for lane in (0, 7, 15):
+        assert kstest(g[:, lane], gumbel_cdf).pvalue > P_VALUE_MIN
+    correlations = np.corrcoef(g.T)[np.triu_indices(16, 1)]
+    assert np.abs(correlations).max() < 0.03   # 16k blocks: sd 0.008
+    u0, z0 = _uniforms(0, (ids >> 4) | 0x80000000)
+    u, _ = _uniforms(0, ids)
+    untruncated = np.where((ids & 15) == (z0 & np.uint64(15)).astype(np.int64), -np.log(-np.log(u0) / 16),
+                           -np.log(-np.log(u)))
+    assert kstest(untruncated, gumbel_cdf).pvalue < P_VALUE_MIN
 
 
 def test_sample_of_a_row_does_not_depend_on_its_batch():

@@ -9,11 +9,17 @@
 // noise in float64). The answer is the exact Gumbel-max over all rows; nothing is approximate but float64
 // rounding of the noise (as the inverse-CDF draw of sampling.py rounds its sums).
 //
-// Noise: g_n = -log(-log(u_n)), u_n = ((z >> 11) + 1/2) 2^-53 with z = (h(n, key) << 32) | h'(n, key), two keyed
-// 32-bit hashes of the counter n (lowbias32 rounds with the key's halves mixed in): a counter-based stream, one
-// 64-bit key per activation row (its request's key for that output position, sampling.draw_keys), so a seeded
-// request draws the same token whatever its batch-mates, its position in the batch, the thread count or the step
-// that draws it. The bound needs only h (z's top 24 bits), 16 rows per vector.
+// Noise, built by blocks of 16 ids (id >> 4) so that most of the head is bounded with one hash per block: the
+// largest noise of a block is drawn first, g_max = -log(w0 / 16) with w0 = -log(u0) (Gumbel(log 16): the max of 16
+// Gumbel(0, 1)), at lane j = z0 & 15 of the block (uniform, from bits of z0 that u0 does not use); every other id n
+// of the block gets a Gumbel truncated below g_max, g_n = -log(w0 / 16 - log(u_n)). Together the 16 are exactly
+// iid Gumbel(0, 1) (a maximum, where it lies, and the others given it). A block whose screened logits plus g_max's
+// bound cannot reach the best value found needs nothing more. Uniforms: u = ((z >> 11) + 1/2) 2^-53 with
+// z = (h(c, key) << 32) | h'(c, key), two keyed 32-bit hashes of a counter c (lowbias32 rounds with the key's halves
+// mixed in): c = n for id n, c = (n >> 4) | 2^31 for its block (ids < 2^31). One 64-bit key per activation row (its
+// request's key for that output position, sampling.draw_keys), so a seeded request draws the same token whatever
+// its batch-mates, its position in the batch, the thread count or the step that draws it. Bounds need only h (z's
+// top 24 bits), 16 counters per vector.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -45,11 +51,20 @@ inline uint32_t hash_low(uint64_t key, uint32_t n) {    // z's low half
   return lowbias32(lowbias32(n * 0x85EBCA6Bu + uint32_t(key >> 32)) ^ uint32_t(key) ^ 0x5BD1E995u);
 }
 
-// The exact noise of noise counter n: float64 Gumbel of a 53-bit uniform in (0, 1).
+constexpr uint32_t BLOCK_COUNTER = 0x80000000u;   // a block's counter: its id >> 4 with the top bit set
+
+inline uint64_t hash64(uint64_t key, uint32_t counter) {
+  return (uint64_t(hash_high(key, counter)) << 32) | hash_low(key, counter);
+}
+
+inline double uniform_of(uint64_t z) { return (double(z >> 11) + 0.5) * 0x1p-53; }   // in (0, 1)
+
+// The exact noise of id n (float64): its block's largest noise, or a Gumbel truncated below it (see the top).
 inline double gumbel(uint64_t key, int64_t n) {
-  const uint64_t z = (uint64_t(hash_high(key, uint32_t(n))) << 32) | hash_low(key, uint32_t(n));
-  const double u = (double(z >> 11) + 0.5) * 0x1p-53;
-  return -std::log(-std::log(u));
+  const uint64_t z0 = hash64(key, uint32_t(n >> 4) | BLOCK_COUNTER);
+  const double w0 = -std::log(uniform_of(z0));
+  if (uint32_t(n & 15) == uint32_t(z0 & 15)) return -std::log(w0 / 16.0);
+  return -std::log(w0 / 16.0 - std::log(uniform_of(hash64(key, uint32_t(n)))));
 }
 
 inline __m512i lowbias32x16(__m512i x) {
@@ -60,11 +75,21 @@ inline __m512i lowbias32x16(__m512i x) {
   return _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
 }
 
-// hash_high of 16 counters.
+// hash_high and hash_low of 16 counters.
 inline __m512i hash_high16(uint64_t key, __m512i n) {
   const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(n, _mm512_set1_epi32(int32_t(0x9E3779B9u))),
                                      _mm512_set1_epi32(int32_t(uint32_t(key))));
   return lowbias32x16(_mm512_xor_si512(lowbias32x16(x), _mm512_set1_epi32(int32_t(uint32_t(key >> 32)))));
+}
+
+inline __m512i hash_low16(uint64_t key, __m512i n) {
+  const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(n, _mm512_set1_epi32(int32_t(0x85EBCA6Bu))),
+                                     _mm512_set1_epi32(int32_t(uint32_t(key >> 32))));
+  return lowbias32x16(_mm512_xor_si512(lowbias32x16(x), _mm512_set1_epi32(int32_t(uint32_t(key) ^ 0x5BD1E995u))));
+}
+
+inline __m512i block_counters16(__m512i ids) {
+  return _mm512_or_si512(_mm512_srli_epi32(ids, 4), _mm512_set1_epi32(int32_t(BLOCK_COUNTER)));
 }
 
 // Natural log of 16 positive floats (0 -> -inf), abs error below 1e-6 * (1 + |log x|): exponent and mantissa in
@@ -90,36 +115,50 @@ inline __m512 log16(__m512 x) {
   return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147181f), _mm512_mul_ps(p, s));
 }
 
-// Upper bounds on the exact noise of 16 rows with these noise counters: u < (z's top 24 bits + 1) 2^-24 =: v and
-// the Gumbel is increasing in u, so g < -log(-log(v)) (+inf for v = 1), plus a margin over log16's error.
-inline __m512 gumbel_bound_of_top16(__m512i top) {   // top: z's top 24 bits
+constexpr int32_t TOP_MAX = 0xFFFFFF;   // z's top 24 bits all set: v = 1 below
+
+// Lower bounds on w = -log u for 16 uniforms given z's top 24 bits (u < v = (top + 1) 2^-24, so w > -log v), less a
+// margin over log16's error; 0 where v = 1.
+inline __m512 neglog_lower16(__m512i top) {
   const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(top, _mm512_set1_epi32(1))), _mm512_set1_ps(0x1p-24f));
-  const __m512 exp_noise = _mm512_sub_ps(_mm512_setzero_ps(), log16(v));   // -log v >= 0 (0 for v = 1)
-  const __m512 g = _mm512_sub_ps(_mm512_setzero_ps(), log16(exp_noise));    // +inf for v = 1
-  const __m512 margin = _mm512_fmadd_ps(_mm512_abs_ps(g), _mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f));
-  return _mm512_add_ps(g, margin);
+  const __m512 w = _mm512_sub_ps(_mm512_setzero_ps(), log16(v));
+  return _mm512_max_ps(_mm512_fnmadd_ps(w, _mm512_set1_ps(1e-5f), _mm512_sub_ps(w, _mm512_set1_ps(2e-6f))),
+                       _mm512_setzero_ps());
 }
 
-inline __m512 gumbel_bound16(uint64_t key, __m512i counters) {
-  return gumbel_bound_of_top16(_mm512_srli_epi32(hash_high16(key, counters), 8));
+// Upper bounds on -log s for s >= s_low >= 0 (+inf for s_low = 0), with a margin over log16's error.
+inline __m512 neglog_upper16(__m512 s_low) {
+  const __m512 g = _mm512_sub_ps(_mm512_setzero_ps(), log16(s_low));
+  return _mm512_add_ps(g, _mm512_fmadd_ps(_mm512_abs_ps(g), _mm512_set1_ps(1e-4f), _mm512_set1_ps(1e-4f)));
 }
 
-constexpr int32_t TOP_MAX = 0xFFFFFF;   // v = 1: the one top whose bound is +inf
+inline __m512i top_bits16(__m512i z_high) { return _mm512_srli_epi32(z_high, 8); }
 
-// The largest finite value gumbel_bound16 gives, over every top below TOP_MAX: computed once by the same
-// arithmetic (log16 near 1 is not monotone to the last bit). Tops below TOP_MAX - 2^16 have v < 1 - 2^-8, where
-// the bound is under -log(-log(1 - 2^-8)) + margin < 6; the 2^16 tops above are scanned.
-inline float noise_cap() {
+// Bounds on the largest noise of 16 blocks given their counters' hash_high: -log(w0 / 16) from w0's lower bound.
+inline __m512 block_max_bound16(__m512 w0_low) {
+  return neglog_upper16(_mm512_mul_ps(w0_low, _mm512_set1_ps(1.f / 16.f)));
+}
+
+// The largest finite bound block_max_bound16 gives, over every top below TOP_MAX (log16 near 1 is not monotone to
+// the last bit, so the 2^16 tops nearest it are scanned; below them v < 1 - 2^-8 and the bound is under 9).
+inline float block_noise_cap() {
   static const float cap = [] {
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    float worst = 6.f;
+    float worst = 9.f;
     for (int32_t t0 = TOP_MAX - 65536; t0 < TOP_MAX; t0 += 16) {
       const __m512i top = _mm512_min_epi32(_mm512_add_epi32(_mm512_set1_epi32(t0), lane), _mm512_set1_epi32(TOP_MAX - 1));
-      worst = std::max(worst, _mm512_reduce_max_ps(gumbel_bound_of_top16(top)));
+      worst = std::max(worst, _mm512_reduce_max_ps(block_max_bound16(neglog_lower16(top))));
     }
     return std::nextafter(worst, std::numeric_limits<float>::infinity());
   }();
   return cap;
+}
+
+// Bounds on the noise of 16 ids: their blocks' w0 lower bounds, which lane holds its block's maximum, and each id's
+// own uniform (hash_high of the id): -log(w0 / 16) at the maximum, -log(w0 / 16 + w_n) elsewhere.
+inline __m512 noise_bound16(uint64_t key, __m512i ids, __m512 w0_low, __mmask16 at_max) {
+  const __m512 w = _mm512_maskz_mov_ps(__mmask16(~at_max), neglog_lower16(top_bits16(hash_high16(key, ids))));
+  return neglog_upper16(_mm512_fmadd_ps(w0_low, _mm512_set1_ps(1.f / 16.f), w));
 }
 
 struct BestDouble {  // running argmax: the larger value, the lower index on ties
@@ -175,7 +214,11 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   // A logit is the bf16 rounding of a sum the int8 bound covers: rounding can raise it by |value| / 256, and
   // flushed denormal partial sums by K * FLT_MIN (as greedy_head's threshold); /64 leaves room.
   const __m512 denormal = _mm512_set1_ps(float(K) * std::numeric_limits<float>::min());
-  const float cap = noise_cap();
+  // Where the noise ids are the head rows themselves (a target's head), a head block is a noise block: its largest
+  // noise is bounded once per block and row m, 16 blocks per vector, before the block's scores are looked at.
+  // Mapped ids (a draft's head) fall in many blocks: each lane's block is hashed, and its logs are taken only where
+  // the largest finite block bound (block_noise_cap) could reach.
+  const float cap = block_noise_cap();
   auto screen_blocks = [&](int64_t b_begin, int64_t b_end, bool keep_bounds) {
     if (b_begin >= b_end) return;
     at::parallel_for(b_begin, b_end, 256, [&](int64_t b0, int64_t b1) {
@@ -185,6 +228,16 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
       std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
       const BlockScorer scorer(h.codes.data(), M, K);
       std::vector<int32_t> ints(M * 16);
+      const int64_t span = (b1 - b0 + 15) / 16 * 16;
+      std::vector<float> block_w0(mapped ? 0 : M * span), block_max(mapped ? 0 : M * span);
+      for (int64_t m = 0; !mapped && m < M; ++m)   // every block of this range: w0's lower bound and g_max's bound
+        for (int64_t i = 0; i < span; i += 16) {
+          const __m512i blocks16 = _mm512_or_si512(_mm512_add_epi32(_mm512_set1_epi32(int32_t(b0 + i)), lane),
+                                                   _mm512_set1_epi32(int32_t(BLOCK_COUNTER)));
+          const __m512 w0 = neglog_lower16(top_bits16(hash_high16(kp[m], blocks16)));
+          _mm512_storeu_ps(block_w0.data() + m * span + i, w0);
+          _mm512_storeu_ps(block_max.data() + m * span + i, block_max_bound16(w0));
+        }
       for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
         const int64_t n = b * 16;
         const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
@@ -200,16 +253,34 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
             // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
             const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
             const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);
-            const __m512i counter = _mm512_loadu_si512(counters.data() + n);
-            if (!keep_bounds) {   // past the probe: skip the noise's logs where even the largest noise cannot reach
-              const __m512i top = _mm512_srli_epi32(hash_high16(kp[m], counter), 8);
-              const __mmask16 unbounded = _mm512_cmpeq_epi32_mask(top, _mm512_set1_epi32(TOP_MAX));   // v = 1
-              __m512 reach = _mm512_add_ps(scaled_up, _mm512_set1_ps(cap));
-              reach = _mm512_fmadd_ps(_mm512_abs_ps(reach), _mm512_set1_ps(1e-6f), reach);
-              if (!(_mm512_mask_cmp_ps_mask(valid, reach, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ) | (unbounded & valid)))
-                continue;   // no row of this block can win for m (nor seed it: its bound is below the best exact value)
+            const __m512i ids = _mm512_loadu_si512(counters.data() + n);
+            const __m512 threshold_m = _mm512_set1_ps(threshold[m]);
+            __m512 w0;
+            __mmask16 at_max;
+            if (mapped) {
+              const __m512i lane_blocks = block_counters16(ids);
+              const __m512i top0 = top_bits16(hash_high16(kp[m], lane_blocks));
+              if (!keep_bounds) {   // past the probe: skip the logs where even the largest block noise cannot reach
+                const __mmask16 unbounded = _mm512_cmpeq_epi32_mask(top0, _mm512_set1_epi32(TOP_MAX));   // v = 1
+                __m512 reach = _mm512_add_ps(scaled_up, _mm512_set1_ps(cap));
+                reach = _mm512_fmadd_ps(_mm512_abs_ps(reach), _mm512_set1_ps(1e-6f), reach);
+                if (!(_mm512_mask_cmp_ps_mask(valid, reach, threshold_m, _CMP_NLT_UQ) | (unbounded & valid)))
+                  continue;   // no row of this block can win for m (nor seed it: its bound is below the best exact value)
+              }
+              w0 = neglog_lower16(top0);
+              const __m512i lane_at_max = _mm512_and_si512(hash_low16(kp[m], lane_blocks), _mm512_set1_epi32(15));
+              at_max = _mm512_cmpeq_epi32_mask(lane_at_max, _mm512_and_si512(ids, _mm512_set1_epi32(15)));
+            } else {
+              const int64_t i = m * span + (b - b0);
+              if (!keep_bounds) {   // past the probe: this block's largest noise cannot lift any row to the best value
+                __m512 reach = _mm512_add_ps(scaled_up, _mm512_set1_ps(block_max[i]));
+                reach = _mm512_fmadd_ps(_mm512_abs_ps(reach), _mm512_set1_ps(1e-6f), reach);
+                if (!_mm512_mask_cmp_ps_mask(valid, reach, threshold_m, _CMP_NLT_UQ)) continue;
+              }
+              w0 = _mm512_set1_ps(block_w0[i]);
+              at_max = __mmask16(1u << (hash_low(kp[m], uint32_t(b) | BLOCK_COUNTER) & 15));
             }
-            upper = _mm512_add_ps(scaled_up, gumbel_bound16(kp[m], counter));
+            upper = _mm512_add_ps(scaled_up, noise_bound16(kp[m], ids, w0, at_max));
             upper = _mm512_fmadd_ps(_mm512_abs_ps(upper), _mm512_set1_ps(1e-6f), upper);   // the sum's rounding
           }
           if (keep_bounds) {
