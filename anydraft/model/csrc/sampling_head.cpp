@@ -228,22 +228,21 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
       std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
       const BlockScorer scorer(h.codes.data(), M, K);
       std::vector<int32_t> ints(M * 16);
-      const int64_t span = (b1 - b0 + 15) / 16 * 16;
-      std::vector<float> block_w0(mapped ? 0 : M * span), block_max(mapped ? 0 : M * span);
-      for (int64_t m = 0; !mapped && m < M; ++m)   // every block of this range: w0's lower bound and g_max's bound
-        for (int64_t i = 0; i < span; i += 16) {
-          const __m512i blocks16 = _mm512_or_si512(_mm512_add_epi32(_mm512_set1_epi32(int32_t(b0 + i)), lane),
-                                                   _mm512_set1_epi32(int32_t(BLOCK_COUNTER)));
-          const __m512 w0 = neglog_lower16(top_bits16(hash_high16(kp[m], blocks16)));
-          _mm512_storeu_ps(block_w0.data() + m * span + i, w0);
-          _mm512_storeu_ps(block_max.data() + m * span + i, block_max_bound16(w0));
-        }
+      std::vector<float> block_w0(mapped ? 0 : M * 16), block_max(mapped ? 0 : M * 16);   // 16 blocks at a time
       for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
         const int64_t n = b * 16;
         const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
         const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
         const BlockBound block(h, n);
         scorer.block_scores(h.block(b), ints.data());   // these 16 head rows x every activation row
+        if (!mapped && (b - b0) % 16 == 0)   // the next 16 blocks, for every row m: w0's lower bound, g_max's bound
+          for (int64_t m = 0; m < M; ++m) {
+            const __m512i blocks16 = _mm512_or_si512(_mm512_add_epi32(_mm512_set1_epi32(int32_t(b)), lane),
+                                                     _mm512_set1_epi32(int32_t(BLOCK_COUNTER)));
+            const __m512 w0 = neglog_lower16(top_bits16(hash_high16(kp[m], blocks16)));
+            _mm512_storeu_ps(block_w0.data() + m * 16, w0);
+            _mm512_storeu_ps(block_max.data() + m * 16, block_max_bound16(w0));
+          }
         for (int64_t m = 0; m < M; ++m) {
           __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
           if (h.screens[m].usable) {
@@ -271,7 +270,7 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
               const __m512i lane_at_max = _mm512_and_si512(hash_low16(kp[m], lane_blocks), _mm512_set1_epi32(15));
               at_max = _mm512_cmpeq_epi32_mask(lane_at_max, _mm512_and_si512(ids, _mm512_set1_epi32(15)));
             } else {
-              const int64_t i = m * span + (b - b0);
+              const int64_t i = m * 16 + (b - b0) % 16;
               if (!keep_bounds) {   // past the probe: this block's largest noise cannot lift any row to the best value
                 __m512 reach = _mm512_add_ps(scaled_up, _mm512_set1_ps(block_max[i]));
                 reach = _mm512_fmadd_ps(_mm512_abs_ps(reach), _mm512_set1_ps(1e-6f), reach);
