@@ -30,6 +30,12 @@ def safe_softmax(logits: torch.Tensor) -> torch.Tensor:
     return probs.nan_to_num_(nan=0.0)
 
 
+# The logits a top-k / top-p cut is first looked for among (torch.topk), instead of sorting the vocabulary: on a
+# 152k vocabulary the sort cost 2.8 ms a decode step at batch 1 (more than the logits), the selection ~0.2 ms. Where
+# a row's cut lies beyond them (top_k larger, a nucleus wider, ties past them), the whole sort runs.
+TOP_SELECTED = 256
+
+
 def _mask_top_k_top_p(scaled_logits: torch.Tensor,   # [B, S, V]
                       top_k: torch.Tensor | None,    # [B]
                       top_p: torch.Tensor | None,    # [B]
@@ -39,25 +45,52 @@ def _mask_top_k_top_p(scaled_logits: torch.Tensor,   # [B, S, V]
     Both cuts become a threshold on the logit value, so tokens tied at the boundary are all kept and
     the result does not depend on how the sort orders ties.
     """
+    vocab_size = scaled_logits.shape[-1]
+    cutoff = None
+    if vocab_size > TOP_SELECTED:
+        cutoff = _cutoff(scaled_logits, scaled_logits.topk(TOP_SELECTED, dim=-1).values, top_k, top_p)
+    if cutoff is None:
+        cutoff = _cutoff(scaled_logits, scaled_logits.sort(dim=-1, descending=True).values, top_k, top_p)
+    return scaled_logits.masked_fill(scaled_logits < cutoff, float("-inf"))
+
+
+def _cutoff(scaled_logits: torch.Tensor,   # [B, S, V]
+            top: torch.Tensor,             # [B, S, M] the M largest of each row, descending (M = V: all)
+            top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor | None:   # [B, S, 1]
+    """The smallest logit each row keeps: the k-th largest (top-k), then the last of the smallest prefix of the
+    sorted distribution left whose mass reaches top_p (the mass strictly before a kept token is < top_p). None
+    where the M largest do not decide it for some row (the caller then passes all of them, sorted)."""
     batch, seq, vocab_size = scaled_logits.shape
-    sorted_logits = scaled_logits.sort(dim=-1, descending=True).values          # [B, S, V]
-    cutoff = torch.full((batch, seq, 1), float("-inf"), dtype=scaled_logits.dtype,
-                        device=scaled_logits.device)                            # keep logits >= cutoff
+    selected = top.shape[-1]
+    partial = selected < vocab_size
+    cutoff = torch.full((batch, seq, 1), float("-inf"), dtype=top.dtype, device=top.device)
+    limited = torch.zeros(batch, 1, 1, dtype=torch.bool, device=top.device)   # rows with a top-k cut
     if top_k is not None:
         k = torch.where(top_k > 0, top_k.clamp(max=vocab_size), vocab_size).long()
-        kth_logit = sorted_logits.gather(-1, (k - 1).view(batch, 1, 1).expand(batch, seq, 1))
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_logit, float("-inf"))
+        limited = (top_k > 0).view(batch, 1, 1)
+        if partial and bool((k > selected).any()):
+            return None
+        kth_logit = top.gather(-1, (k - 1).view(batch, 1, 1).expand(batch, seq, 1))
+        # Tokens tied with the k-th past the selection would count in the mass top-p divides by.
+        if partial and top_p is not None and bool((limited & (top[..., -1:] >= kth_logit)).any()):
+            return None
+        top = top.masked_fill(top < kth_logit, float("-inf"))
         cutoff = kth_logit
     if top_p is not None:
-        top_p_b = top_p.to(scaled_logits.dtype).view(batch, 1, 1)
-        sorted_probs = safe_softmax(sorted_logits)
-        # Keep token i while the mass strictly before it is < top_p: the smallest prefix reaching top_p.
+        top_p_b = top_p.to(top.dtype).view(batch, 1, 1)
+        # The mass is over what top-k left: the kept selection where a row has a top-k cut, else the vocabulary.
+        log_mass = torch.logsumexp(top, dim=-1, keepdim=True)
+        if partial:
+            log_mass = torch.where(limited, log_mass, torch.logsumexp(scaled_logits, dim=-1, keepdim=True))
+        sorted_probs = (top - log_mass).exp().nan_to_num_(nan=0.0)                  # [B, S, M]
         mass_before = torch.nn.functional.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
         num_kept = (mass_before < top_p_b).sum(dim=-1, keepdim=True).clamp(min=1)
-        top_p_logit = sorted_logits.gather(-1, num_kept - 1)
+        if partial and bool(((num_kept == selected) & (top_p_b < 1.0)).any()):   # the nucleus may go on past them
+            return None
+        top_p_logit = top.gather(-1, num_kept - 1)
         top_p_logit = torch.where(top_p_b >= 1.0, float("-inf"), top_p_logit)
         cutoff = torch.maximum(cutoff, top_p_logit)
-    return scaled_logits.masked_fill(scaled_logits < cutoff, float("-inf"))
+    return cutoff
 
 
 def logits_to_probs(logits: torch.Tensor,                # [B, S, V]

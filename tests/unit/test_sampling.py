@@ -51,6 +51,50 @@ def test_logits_to_probs_matches_reference_per_row():
             assert torch.equal(probs[row, pos] > 0, expected > 0), (row, pos)
 
 
+def test_top_k_top_p_over_a_large_vocabulary_selects_then_sorts_where_it_must(monkeypatch):
+    """Over more than TOP_SELECTED logits the cut is looked for among the largest (topk); where they do not decide
+    it (top_k past them, a nucleus wider than them, ties with the k-th past them) the whole sort runs. Either way
+    every row equals the reference; both paths run here."""
+    import anydraft.spec_decode.sampling as sampling
+    vocab = 2000
+    generator = torch.Generator().manual_seed(5)
+    peaked = torch.randn(vocab, generator=generator) * 4.0     # a narrow nucleus: the selection decides
+    flat = torch.randn(vocab, generator=generator) * 0.1       # a nucleus of most of the vocabulary: the sort
+    tied = peaked.clone()
+    tied[tied.argsort(descending=True)[10:400]] = tied.sort(descending=True).values[10]   # 390 ties with the 11th
+    settings = [  # (logits, temperature, top_k, top_p)
+        (peaked, 0.7, 0, 0.9), (peaked, 1.0, 20, 0.95), (peaked, 0.6, 20, 1.0), (peaked, 1.0, 300, 1.0),
+        (flat, 1.0, 0, 0.95), (flat, 0.8, 50, 0.9), (tied, 1.0, 11, 0.99), (tied, 1.0, 5, 0.8),
+    ]
+    calls = []
+    cutoff = sampling._cutoff
+    monkeypatch.setattr(sampling, "_cutoff", lambda logits, top, *a: calls.append(
+        (top.shape[-1], (result := cutoff(logits, top, *a)) is None)) or result)
+    def probs_of(logits_row, t, k, p):
+        return logits_to_probs(logits_row.view(1, 1, vocab), torch.tensor([t]), torch.tensor([k]),
+                               torch.tensor([p]))[0, 0]
+    selected = [probs_of(*setting) for setting in settings]
+    for (logits_row, t, k, p), probs in zip(settings, selected):
+        if logits_row is not tied:   # the reference keeps exactly k of tied logits; the rule keeps every tie
+            expected = reference_probs(logits_row, t, k, p)
+            torch.testing.assert_close(probs.double(), expected, atol=1e-6, rtol=1e-5)
+            assert torch.equal(probs > 0, expected > 0), (t, k, p)
+    assert (tied_kept := int((selected[6] > 0).sum())) >= 400, tied_kept   # the 11th and its 389 ties past it
+    with monkeypatch.context() as whole:   # the same cut from the whole sort, every row
+        whole.setattr(sampling, "TOP_SELECTED", vocab)
+        for setting, probs in zip(settings, selected):
+            torch.testing.assert_close(probs_of(*setting), probs, atol=1e-7, rtol=1e-6)
+            assert torch.equal(probs_of(*setting) > 0, probs > 0)
+    assert (sampling.TOP_SELECTED, False) in calls and (sampling.TOP_SELECTED, True) in calls   # decided, and not
+    assert (vocab, False) in calls   # the sort ran where the selection did not decide
+    # a batch mixing both kinds of rows: one sort for all, the same probabilities
+    logits = torch.stack([peaked, flat]).view(2, 1, vocab)
+    mixed = logits_to_probs(logits, torch.tensor([0.7, 1.0]), torch.tensor([0, 0]), torch.tensor([0.9, 0.95]))
+    for row, (t, p) in enumerate([(0.7, 0.9), (1.0, 0.95)]):
+        torch.testing.assert_close(mixed[row, 0].double(), reference_probs(logits[row, 0], t, 0, p), atol=1e-6,
+                                   rtol=1e-5)
+
+
 def test_none_top_k_top_p_equals_off_values():
     logits = torch.randn(3, 2, 50, generator=torch.Generator().manual_seed(1))
     temperature = torch.tensor([0.8, 0.0, 1.5])
