@@ -80,7 +80,7 @@ def _cutoff(scaled_logits: torch.Tensor,   # [B, S, V]
         top_p_b = top_p.to(top.dtype).view(batch, 1, 1)
         # The mass is over what top-k left: the kept selection where a row has a top-k cut, else the vocabulary.
         log_mass = torch.logsumexp(top, dim=-1, keepdim=True)
-        if partial:
+        if partial and not bool(limited.all()):   # a pass over the vocabulary only for rows without a top-k cut
             log_mass = torch.where(limited, log_mass, torch.logsumexp(scaled_logits, dim=-1, keepdim=True))
         sorted_probs = (top - log_mass).exp().nan_to_num_(nan=0.0)                  # [B, S, M]
         mass_before = torch.nn.functional.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
