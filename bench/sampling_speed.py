@@ -1,14 +1,15 @@
 """Sampled decoding against greedy decoding, in one process, interleaved (issue: sampling at the speed of greedy).
 
 For the target alone and TLI (the shipped pair, default speculative settings: num_speculative_tokens 5,
-adaptive), at batch 1 (one prompt at a time) and batch 16 (all prompts together): tok/s greedy and at
-temperature 0.7 (each request seeded), medians of --repeats rounds after a warm-up. Each (contender, batch,
-mode) has its own LLM, so adaptive speculation learns the costs of one kind of traffic. The headline is sampled /
-greedy tok/s of the same contender and batch, a ratio from one schedule. In a round, the four LLMs of a batch size
-decode the same group of prompts (one prompt at batch 1, all 16 at batch 16) taking turns step by step
-(anydraft/bench/interleave.py), each timed over its own steps, so the machine's drift hits all alike. Every
-request's tokens are checked against the target alone's, sampled too (`tli_equals_target_alone`): with coupled
-draws a seeded request samples the target alone's tokens.
+adaptive), at batch 1 (one prompt at a time) and batch 16 (all prompts together): tok/s greedy, at temperature 0.7
+("sampled") and with Qwen3's recommended T 0.6, top-p 0.95, top-k 20 ("truncated"; each sampled request seeded),
+medians of --repeats rounds after a warm-up. Each (contender, batch, mode) has its own LLM, so adaptive speculation
+learns the costs of one kind of traffic. The headline is sampled (and truncated) / greedy tok/s of the same
+contender and batch, a ratio from one schedule. In a round, the LLMs of a batch size decode the same group of
+prompts (one prompt at batch 1, all 16 at batch 16) taking turns step by step (anydraft/bench/interleave.py), each
+timed over its own steps, so the machine's drift hits all alike. Every request's tokens are compared with the target
+alone's (`tli_equals_target_alone`): greedy is lossless, and with coupled draws (sampled) a seeded request samples
+the target alone's tokens; truncated requests sample by rejection, whose seeded text depends on the drafts.
 
     python bench/sampling_speed.py --out bench/results/<date>-sampling/speed.json
 """
@@ -28,7 +29,9 @@ from anydraft.metrics import SpecStats
 from anydraft.model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from anydraft.provenance import provenance
 
-MODES = {"greedy": 0.0, "sampled": 0.7}
+# mode -> SamplingParams settings; "truncated" is Qwen3's recommended sampling (top-k and top-p: the PyTorch path)
+MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7},
+         "truncated": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}
 
 
 def main() -> None:
@@ -55,8 +58,8 @@ def main() -> None:
 
     def params(mode: str, round_index: int) -> list[SamplingParams]:
         # A fresh seed per request and round: every round samples new text, as served traffic would.
-        return [SamplingParams(temperature=MODES[mode], max_tokens=args.max_tokens,
-                               seed=None if MODES[mode] == 0 else 1000 * round_index + i)
+        return [SamplingParams(**MODES[mode], max_tokens=args.max_tokens,
+                               seed=None if mode == "greedy" else 1000 * round_index + i)
                 for i in range(len(prompts))]
 
     # (batch, mode) -> [prompts where TLI's tokens equal the target alone's, prompts]: greedy is lossless, and a
@@ -97,14 +100,14 @@ def main() -> None:
     result = {**provenance(llms[plan[-1]], torch_threads=args.threads),
               "command": "python bench/sampling_speed.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
-              "config": {**vars(args), "temperatures": MODES, "speculative_config": contenders["TLI"]},
+              "config": {**vars(args), "modes": MODES, "speculative_config": contenders["TLI"]},
               "runs": {}, "ratios": {},
               "tli_equals_target_alone": {f"batch {b} {m}": f"{same}/{total}" for (b, m), (same, total)
                                           in matches.items()}}
     for key, values in rates.items():
         stats = llms[key].stats
         result["runs"][" ".join(map(str, key))] = {
-            "contender": key[0], "batch": key[1], "mode": key[2], "temperature": MODES[key[2]],
+            "contender": key[0], "batch": key[1], "mode": key[2], **MODES[key[2]],
             "tokens_per_second_median": statistics.median(values), "tokens_per_second_all": values,
             "tokens": tokens[key], "acceptance_length": stats.acceptance_length,
             "k_histogram": {str(k): v for k, v in sorted(getattr(stats, "k_histogram", {}).items())},
@@ -112,11 +115,12 @@ def main() -> None:
                               "other": stats.other_seconds}}
     for name in contenders:
         for batch in batch_sizes:
-            per_round = [s / g for s, g in zip(rates[(name, batch, "sampled")], rates[(name, batch, "greedy")])]
-            result["ratios"][f"{name} batch {batch} sampled / greedy"] = {
-                "median_of_medians": statistics.median(rates[(name, batch, "sampled")])
-                / statistics.median(rates[(name, batch, "greedy")]),
-                "per_round": per_round}
+            for mode in ("sampled", "truncated"):
+                per_round = [s / g for s, g in zip(rates[(name, batch, mode)], rates[(name, batch, "greedy")])]
+                result["ratios"][f"{name} batch {batch} {mode} / greedy"] = {
+                    "median_of_medians": statistics.median(rates[(name, batch, mode)])
+                    / statistics.median(rates[(name, batch, "greedy")]),
+                    "per_round": per_round}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({"ratios": {k: round(v["median_of_medians"], 3) for k, v in result["ratios"].items()},
