@@ -18,6 +18,7 @@ from .spec_decode.calibration import calibrate_target_cost
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
 from .spec_decode.sampling import (RowRandom, draw_keys, draw_noise, draw_uniforms, logits_to_probs,
                                      sample_from_probs)
+from .spec_decode.truncated_draws import draw_truncated, draws_natively
 from .spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
 from .tokenizer import Tokenizer
 
@@ -186,7 +187,7 @@ class Engine:
             return self.target.greedy_ids(last_hidden)[:, 0].tolist()
         if self._samples_natively(sampling):
             keys = draw_keys(sampling.randoms, [len(r.output_target_ids) for r in requests], 1, self.target.device)
-            return self.target.sample_ids(last_hidden, sampling.temperature, keys)[:, 0].tolist()
+            return self._target_draws(last_hidden, sampling, sampling.temperature, keys)[:, 0].tolist()
         target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
                                        sampling.top_p, sampling.any_greedy)                 # [A, 1, V_target]
         uniforms = draw_uniforms(sampling.randoms, 1, target_probs.device)                 # [A, 1]
@@ -310,12 +311,12 @@ class Engine:
         if sampling is None:
             ids = self.target.greedy_ids(hidden)
         else:   # coupled: the target's own draw at every position
-            keys = sampling.keys[:, :width]
-            temperature = sampling.temperature
+            keys, temperature, repeats = sampling.keys[:, :width], sampling.temperature, None
             if read is not None:
-                temperature = temperature.repeat_interleave(host_to_device(num_new, hidden.device, torch.long))
+                repeats = host_to_device(num_new, hidden.device, torch.long)
+                temperature = temperature.repeat_interleave(repeats)
                 keys = keys.reshape(-1, 1)[read]                                                   # [N, 1]
-            ids = self.target.sample_ids(hidden, temperature, keys)
+            ids = self._target_draws(hidden, sampling, temperature, keys, repeats)
         if read is None:
             return ids                                                                             # [B, k+1]
         out = torch.zeros(len(rows) * width, dtype=ids.dtype, device=ids.device)
@@ -323,9 +324,23 @@ class Engine:
         return out.reshape(len(rows), width)
 
     def _samples_natively(self, sampling: SamplingBatch) -> bool:
-        """The target's own draw needs no probabilities: a native sampling head and full-softmax rows (else the
-        PyTorch path: logits, logits_to_probs, sample_from_probs)."""
-        return self.target.samples_natively and sampling.untruncated
+        """The target's own draw needs no probabilities: a native sampling head, no greedy row, and full-softmax rows
+        or a top-k cut on every row (truncated_draws); else the PyTorch path: logits, logits_to_probs,
+        sample_from_probs."""
+        return self.target.samples_natively and (sampling.untruncated or (
+            not sampling.any_greedy and draws_natively(sampling.top_k_max)))
+
+    def _target_draws(self, hidden: torch.Tensor,   # [B, S, hidden]
+                      sampling: SamplingBatch, temperature: torch.Tensor, keys: torch.Tensor,   # [B], [B, S]
+                      repeats: torch.Tensor | None = None,   # [rows]: row i's settings serve repeats[i] of the B
+                      ) -> torch.Tensor:                     # [B, S] the target's own draws
+        if sampling.untruncated:
+            return self.target.sample_ids(hidden, temperature, keys)
+        top_k, top_p = sampling.top_k, sampling.top_p
+        if repeats is not None:
+            top_k = top_k.repeat_interleave(repeats)
+            top_p = None if top_p is None else top_p.repeat_interleave(repeats)
+        return draw_truncated(self.target, hidden, temperature, keys, top_k, top_p, sampling.top_k_max)
 
     def _couple(self, sampling: SamplingBatch | None, k: int, requests: list[Request]) -> SamplingBatch | None:
         """Coupled draws where both sides can (a native sampling head on the target, a proposer that draws with the
@@ -381,7 +396,8 @@ class Engine:
             temperature=host_to_device([p.temperature for p in params], dev),
             top_k=host_to_device([max(p.top_k, 0) for p in params], dev, torch.long) if use_top_k else None,
             top_p=host_to_device([p.top_p for p in params], dev) if use_top_p else None,
-            randoms=[None if r.params.greedy else r.random for r in requests])   # greedy rows draw no noise
+            randoms=[None if r.params.greedy else r.random for r in requests],   # greedy rows draw no noise
+            top_k_max=max(p.top_k for p in params) if use_top_k and min(p.top_k for p in params) > 0 else 0)
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _record(self, step_requests: list[Request], row_drafts: list[int], num_accepted: list[int],

@@ -8,8 +8,8 @@ learns the costs of one kind of traffic. The headline is sampled (and truncated)
 contender and batch, a ratio from one schedule. In a round, the LLMs of a batch size decode the same group of
 prompts (one prompt at batch 1, all 16 at batch 16) taking turns step by step (anydraft/bench/interleave.py), each
 timed over its own steps, so the machine's drift hits all alike. Every request's tokens are compared with the target
-alone's (`tli_equals_target_alone`): greedy is lossless, and with coupled draws (sampled) a seeded request samples
-the target alone's tokens; truncated requests sample by rejection, whose seeded text depends on the drafts.
+alone's (`tli_equals_target_alone`): greedy is lossless, and with coupled draws (sampled, and truncated where every
+row has a top-k cut) a seeded request samples the target alone's tokens.
 
     python bench/sampling_speed.py --out bench/results/<date>-sampling/speed.json
 """
@@ -29,7 +29,7 @@ from anydraft.metrics import SpecStats
 from anydraft.model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from anydraft.provenance import provenance
 
-# mode -> SamplingParams settings; "truncated" is Qwen3's recommended sampling (top-k and top-p: the PyTorch path)
+# mode -> SamplingParams settings; "truncated" is Qwen3's recommended sampling (a top-k and a top-p cut)
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7},
          "truncated": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}
 

@@ -82,3 +82,16 @@ class NativeHead:
         return self.extension.sampling_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
                                             self.slack_q, self.slack_h, num_rows,
                                             1.0 / temperature.to(torch.float64), keys, ids)
+
+    def top(self, hidden: torch.Tensor, num_rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k largest of logits(hidden)[..., :num_rows] and their rows ([..., k] float holding bf16 values,
+        [..., k] long), the larger first, the lower row on ties: what a top-k cut keeps, screened as greedy()."""
+        return self.extension.top_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
+                                       self.slack_q, self.slack_h, num_rows, k)
+
+    def noise(self, keys: torch.Tensor,   # [M] int64
+              ids: torch.Tensor,          # [M, n] int64 noise ids
+              ) -> torch.Tensor:          # [M, n] float64
+        """The noise sample() draws id ids[m, i] with under keys[m]: a draw among chosen rows (argmax of
+        logit / T + noise over them) is the same Gumbel-max, restricted to them."""
+        return self.extension.head_noise(keys, ids)

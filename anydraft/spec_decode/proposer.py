@@ -18,6 +18,7 @@ class SamplingBatch:
     # target draws its token at position i with key i (ModelRunner.sample_ids), a coupling proposer its i-th draft
     # with the same key, and verification accepts a draft iff it equals the target's draw. None: rejection sampling.
     keys: torch.Tensor | None = None
+    top_k_max: int = 0   # host: the largest top_k where every row has a top-k cut; 0 where some row has none
 
     @property
     def any_greedy(self) -> bool:

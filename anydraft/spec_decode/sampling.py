@@ -48,19 +48,22 @@ def _mask_top_k_top_p(scaled_logits: torch.Tensor,   # [B, S, V]
     vocab_size = scaled_logits.shape[-1]
     cutoff = None
     if vocab_size > TOP_SELECTED:
-        cutoff = _cutoff(scaled_logits, scaled_logits.topk(TOP_SELECTED, dim=-1).values, top_k, top_p)
+        cutoff = cutoff_from_top(scaled_logits.topk(TOP_SELECTED, dim=-1).values, top_k, top_p, vocab_size,
+                                 scaled_logits)
     if cutoff is None:
-        cutoff = _cutoff(scaled_logits, scaled_logits.sort(dim=-1, descending=True).values, top_k, top_p)
+        cutoff = cutoff_from_top(scaled_logits.sort(dim=-1, descending=True).values, top_k, top_p, vocab_size)
     return scaled_logits.masked_fill(scaled_logits < cutoff, float("-inf"))
 
 
-def _cutoff(scaled_logits: torch.Tensor,   # [B, S, V]
-            top: torch.Tensor,             # [B, S, M] the M largest of each row, descending (M = V: all)
-            top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor | None:   # [B, S, 1]
-    """The smallest logit each row keeps: the k-th largest (top-k), then the last of the smallest prefix of the
-    sorted distribution left whose mass reaches top_p (the mass strictly before a kept token is < top_p). None
-    where the M largest do not decide it for some row (the caller then passes all of them, sorted)."""
-    batch, seq, vocab_size = scaled_logits.shape
+def cutoff_from_top(top: torch.Tensor,   # [B, S, M] the M largest scaled logits of each row, descending
+                    top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each, as logits_to_probs
+                    vocab_size: int,
+                    scaled_logits: torch.Tensor | None = None,   # [B, S, V]: for top-p rows without a top-k cut
+                    ) -> torch.Tensor | None:                    # [B, S, 1]
+    """The smallest scaled logit each row keeps: the k-th largest (top-k), then the last of the smallest prefix of
+    the sorted distribution left whose mass reaches top_p (the mass strictly before a kept token is < top_p). None
+    where the M largest do not decide it for some row (the caller then passes all V of them, sorted)."""
+    batch, seq, _ = top.shape
     selected = top.shape[-1]
     partial = selected < vocab_size
     cutoff = torch.full((batch, seq, 1), float("-inf"), dtype=top.dtype, device=top.device)

@@ -1,7 +1,9 @@
 """Sampled decoding through the native sampling head (a bf16 target on AVX-512 + VNNI): the engine draws the first
 token and the token of every step that drafts nothing (the target alone) with ModelRunner.sample_ids, never computing
 the logits; those tokens follow the exact softmax of the target's bf16 logits (chi-square, negative control: a wrong
-temperature is rejected); seeded requests reproduce whatever their batch; top-k requests take the PyTorch path.
+temperature is rejected); seeded requests reproduce whatever their batch. A top-k cut on every row draws from the
+head's k largest logits (truncated_draws: the cut softmax, a control rejects the uncut one); top-p alone takes the
+PyTorch path.
 With a TLI draft on native kernels too, draws are coupled (Engine._couple): the draft draws with the target's noise
 per target id, a draft is accepted iff it equals the target's draw; the verified tokens still follow the exact law."""
 from __future__ import annotations
@@ -18,6 +20,7 @@ from anydraft.config import SamplingParams
 from anydraft.llm import LLM
 from anydraft.model.native_extension import cpu_has
 from anydraft.model.runner import ModelRunner
+from anydraft.spec_decode.sampling import logits_to_probs
 
 from test_native_decoder import HARDWARE
 from tiny_models import TOKENIZERS, draft_on_tokenizer, make_checkpoint, write_tokenizer_variant
@@ -65,11 +68,19 @@ def _exact_probs(target, token_ids: list[int], temperature: float) -> torch.Tens
 
 
 def _p_value(tokens: list[int], probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Chi-square p-value of tokens against probs, tokens expected fewer than min_expected times pooled; where
+    nothing is left to pool (a cut distribution), a draw outside the support gives 0."""
     counts, n = Counter(tokens), len(tokens)
     expected = probs * n
     big = torch.nonzero(expected >= min_expected).flatten().tolist()
-    observed = [counts[t] for t in big] + [n - sum(counts[t] for t in big)]
-    wanted = [float(expected[t]) for t in big] + [n - float(expected[big].sum())]
+    observed = [counts[t] for t in big]
+    wanted = [float(expected[t]) for t in big]
+    rest_observed, rest_wanted = n - sum(observed), n - float(expected[big].sum())
+    if rest_wanted > 1e-6:
+        observed, wanted = observed + [rest_observed], wanted + [rest_wanted]
+    elif rest_observed:
+        return 0.0
+    wanted = [w * n / sum(wanted) for w in wanted]   # the same total as observed (chisquare checks it)
     return float(chisquare(observed, wanted).pvalue)
 
 
@@ -110,12 +121,58 @@ def test_seeded_requests_reproduce_whatever_their_batch(llm):
     assert len({tuple(t) for t in alone}) == 2
 
 
-def test_top_k_takes_the_pytorch_path(llm, target, monkeypatch):
-    monkeypatch.setattr(llm.target, "sample_ids", lambda *a: pytest.fail("top-k must not take the native head"))
-    outputs = llm.generate([PROMPT] * 64, [SamplingParams(temperature=1.0, top_k=2, max_tokens=3, seed=i)
+def test_top_p_alone_takes_the_pytorch_path(llm, target, monkeypatch):
+    """A nucleus without a top-k cut needs the whole distribution: logits, probabilities (not the native draws)."""
+    monkeypatch.setattr(llm.target, "sample_ids", lambda *a: pytest.fail("top-p alone must not take the native head"))
+    monkeypatch.setattr(llm.target.native_head, "top", lambda *a: pytest.fail("nor the k largest logits"))
+    outputs = llm.generate([PROMPT] * 64, [SamplingParams(temperature=1.0, top_p=0.3, max_tokens=3, seed=i)
                                            for i in range(64)])
-    top_two = set(_exact_probs(target, llm.tokenizer.encode(PROMPT), 1.0).topk(2).indices.tolist())
-    assert {o.outputs[0].token_ids[0] for o in outputs} <= top_two
+    probs = _exact_probs(target, llm.tokenizer.encode(PROMPT), 1.0)
+    nucleus = probs.argsort(descending=True)[:int((probs.sort(descending=True).values.cumsum(0) < 0.3).sum()) + 1]
+    assert {o.outputs[0].token_ids[0] for o in outputs} <= set(nucleus.tolist())
+
+
+def _truncated_probs(target, token_ids: list[int], temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """logits_to_probs' top-k / top-p distribution of the target's own bf16 logits after token_ids."""
+    runner = ModelRunner.load(target, torch.bfloat16, torch.device("cpu"), max_batch=1, max_len=64)
+    logits = runner.logits(runner.prefill(0, token_ids))[..., :1281].double()              # [1, 1, V]
+    return logits_to_probs(logits, torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p]))[0, 0]
+
+
+def test_top_k_draws_follow_the_truncated_softmax_without_the_logits(llm, target, monkeypatch):
+    """Every row with a top-k cut: the draw comes from the head's k largest logits (truncated_draws), no logits, no
+    probabilities; the first and second tokens fit logits_to_probs' top-k / top-p distribution (chi-square), and the
+    same test rejects the uncut softmax (a control)."""
+    monkeypatch.setattr(llm.target, "logits", lambda *a: pytest.fail("the native top-k path computed the logits"))
+    top_k, top_p = 6, 0.9
+    outputs = [tuple(o.outputs[0].token_ids) for o in llm.generate(
+        [PROMPT] * NUM_SAMPLES, [SamplingParams(temperature=TEMPERATURE, top_k=top_k, top_p=top_p, max_tokens=2,
+                                                seed=60_000 + i) for i in range(NUM_SAMPLES)])]
+    prompt_ids = llm.tokenizer.encode(PROMPT)
+    first = [o[0] for o in outputs]
+    cut = _truncated_probs(target, prompt_ids, TEMPERATURE, top_k, top_p)
+    assert 3 <= int((cut > 0).sum()) <= top_k and cut.max() < 0.8   # a cut that bites, a spread what it keeps
+    assert _p_value(first, cut) > P_VALUE_MIN
+    assert _p_value(first, _exact_probs(target, prompt_ids, TEMPERATURE)) < P_VALUE_MIN   # control: no cut
+    top, _ = Counter(first).most_common(1)[0]
+    second = [o[1] for o in outputs if o[0] == top and len(o) > 1]
+    assert len(second) > 500
+    assert _p_value(second, _truncated_probs(target, prompt_ids + [top], TEMPERATURE, top_k, top_p)) > P_VALUE_MIN
+
+
+def test_a_cut_the_selection_cannot_decide_draws_the_same_over_all_logits(llm, monkeypatch):
+    """With no room for ties past the k largest, the draw falls back to every logit (same rule, same noise): the
+    tokens are those of the native draws."""
+    import anydraft.spec_decode.truncated_draws as truncated_draws
+    params = [SamplingParams(temperature=1.5, top_k=k, top_p=p, max_tokens=6, seed=70_000 + i, ignore_eos=True)
+              for i, (k, p) in enumerate([(3, 1.0), (5, 0.7), (40, 0.95), (1, 1.0)] * 16)]
+    native = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)]
+    fallbacks = []
+    over_all = truncated_draws._draw_over_all_logits
+    monkeypatch.setattr(truncated_draws, "TIE_ROOM", 1)
+    monkeypatch.setattr(truncated_draws, "_draw_over_all_logits", lambda *a: fallbacks.append(1) or over_all(*a))
+    assert [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)] == native
+    assert fallbacks   # bf16 logits tie at some cut
 
 
 def _sample_three(llm, seed0: int) -> tuple[list[tuple[int, ...]], float]:
@@ -195,19 +252,22 @@ def test_coupled_draws_stay_exact_when_probes_draft_for_one_row(target, tli_draf
     _assert_exact_positions(llm, target, tokens)
 
 
-def _seeded_ids(llm, seed0: int, num: int = 64, max_tokens: int = 12) -> list[list[int]]:
-    params = [SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens, seed=seed0 + i, ignore_eos=True)
+def _seeded_ids(llm, seed0: int, num: int = 64, max_tokens: int = 12, **cut) -> list[list[int]]:
+    params = [SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens, seed=seed0 + i, ignore_eos=True, **cut)
               for i in range(num)]
     return [o.outputs[0].token_ids for o in llm.generate([PROMPT] * num, params)]
 
 
-def test_seeded_requests_sample_the_target_alone_s_tokens_with_any_k(llm, target, tli_draft, monkeypatch):
-    """A token's noise is keyed by its request and output position (sampling.draw_keys), and with coupled draws
-    every emitted token is the target's own draw after the true prefix: a seeded request's tokens equal the target
-    alone's, with fixed k and with adaptive choices that follow the load (here random ks, one-row probes included).
-    Controls: another seed gives other tokens; keys counted per step instead of per position break the equality."""
-    alone = _seeded_ids(llm, seed0=40_000)
-    assert sum(a != b for a, b in zip(alone, _seeded_ids(llm, seed0=50_000))) > 32   # the seed decides the text
+@pytest.mark.parametrize("cut", [{}, {"top_k": 8, "top_p": 0.9}], ids=["full softmax", "top-k and top-p"])
+def test_seeded_requests_sample_the_target_alone_s_tokens_with_any_k(llm, target, tli_draft, monkeypatch, cut):
+    """A token's noise is keyed by its request and output position (sampling.draw_keys), and with coupled draws every
+    emitted token is the target's own draw after the true prefix (from the full softmax, or from a top-k / top-p
+    cut through truncated_draws): a seeded request's tokens equal the target alone's, with fixed k and with
+    adaptive choices that follow the load (here random ks, one-row probes included). Controls: another seed gives
+    other tokens; keys counted per step instead of per position break the equality."""
+    alone = _seeded_ids(llm, seed0=40_000, **cut)
+    other_seed = _seeded_ids(llm, seed0=50_000, **cut)
+    assert sum(a != b for a, b in zip(alone, other_seed)) > 32   # the seed decides the text
     spec = {"model": str(tli_draft), "num_speculative_tokens": 3}
     fixed = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64,
                 speculative_config={**spec, "adaptive": False})
@@ -220,14 +280,15 @@ def test_seeded_requests_sample_the_target_alone_s_tokens_with_any_k(llm, target
         speculation.probing = k > 0 and chooser.random() < 0.5
         return k
     monkeypatch.setattr(speculation, "choose", choose)
-    assert _seeded_ids(fixed, seed0=40_000) == alone
-    assert _seeded_ids(adaptive, seed0=40_000) == alone
+    assert _seeded_ids(fixed, seed0=40_000, **cut) == alone
+    assert _seeded_ids(adaptive, seed0=40_000, **cut) == alone
     assert fixed.stats.num_accepted > 0 and adaptive.stats.num_accepted > 0   # drafts decided tokens
     # Control: a step's keys from its first position 0 (noise that depends on how tokens fall into steps).
     import anydraft.engine as engine_module
     draw_keys = engine_module.draw_keys
     monkeypatch.setattr(engine_module, "draw_keys", lambda randoms, positions, num, device:
                         draw_keys(randoms, [0] * len(positions), num, device))
-    differ = sum(a != b for a, b in zip(_seeded_ids(llm, seed0=40_000), _seeded_ids(fixed, seed0=40_000)))
+    differ = sum(a != b for a, b in zip(_seeded_ids(llm, seed0=40_000, **cut),
+                                        _seeded_ids(fixed, seed0=40_000, **cut)))
     print(f"\n[keys per step] {differ} of 64 requests differ from the target alone")
     assert differ > 16

@@ -130,6 +130,30 @@ def test_the_noise_by_blocks_is_iid_gumbel_with_a_negative_control():
     assert kstest(untruncated, gumbel_cdf).pvalue < P_VALUE_MIN
 
 
+@pytest.mark.parametrize("rows, k, hidden_scale", [(5000, 20, 4.0), (20000, 256, 3.0), (3000, 1, 3.0),
+                                                    (1000, 300, 0.01)])
+def test_top_is_the_k_largest_logits_ties_to_the_lower_row(rows, k, hidden_scale):
+    """NativeHead.top: the k largest of logits() (bf16 values: ties are common) and their rows, larger first and the
+    lower row first among equals, screened; a near-zero hidden state (a flat screen: every row a candidate) and a
+    non-finite one (no usable screen) take every row."""
+    head = _head(rows, seed=rows)
+    hidden = (torch.randn(7, 128, generator=torch.Generator().manual_seed(k)) * hidden_scale).bfloat16()
+    hidden[6] = float("nan")
+    values, top_rows = head.top(hidden, rows - 3, k)
+    logits = head.logits(hidden)[:, :rows - 3].float()
+    for m in range(6):
+        order = sorted(range(rows - 3), key=lambda n: (-float(logits[m, n]), n))[:k]
+        assert top_rows[m].tolist() == order and torch.equal(values[m], logits[m, order])
+    assert top_rows[6].shape == (k,) and (top_rows[6] < rows - 3).all()
+
+
+def test_noise_is_the_sampling_head_s_for_any_ids():
+    head = _head(100, seed=3)
+    keys, ids = _keys(3, 5), torch.randint(0, 150_000, (3, 9), generator=torch.Generator().manual_seed(6))
+    expected = np.stack([_noise(int(keys[m]), ids[m].numpy()) for m in range(3)])
+    assert np.array_equal(head.noise(keys, ids).numpy(), expected)
+
+
 def test_sample_of_a_row_does_not_depend_on_its_batch():
     head = _head(3000, seed=4)
     hidden = (torch.randn(13, 128, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()

@@ -67,9 +67,9 @@ def test_top_k_top_p_over_a_large_vocabulary_selects_then_sorts_where_it_must(mo
         (flat, 1.0, 0, 0.95), (flat, 0.8, 50, 0.9), (tied, 1.0, 11, 0.99), (tied, 1.0, 5, 0.8),
     ]
     calls = []
-    cutoff = sampling._cutoff
-    monkeypatch.setattr(sampling, "_cutoff", lambda logits, top, *a: calls.append(
-        (top.shape[-1], (result := cutoff(logits, top, *a)) is None)) or result)
+    cutoff = sampling.cutoff_from_top
+    monkeypatch.setattr(sampling, "cutoff_from_top", lambda top, *a: calls.append(
+        (top.shape[-1], (result := cutoff(top, *a)) is None)) or result)
     def probs_of(logits_row, t, k, p):
         return logits_to_probs(logits_row.view(1, 1, vocab), torch.tensor([t]), torch.tensor([k]),
                                torch.tensor([p]))[0, 0]

@@ -347,3 +347,20 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   for (int64_t m = 0; m < M; ++m) rp[m] = best[m].index >= 0 ? best[m].index : 0;
   return result.view(hidden.sizes().slice(0, hidden.dim() - 1));
 }
+
+// The noise gumbel() gives each id, for a draw among chosen rows (a top-k cut): keys [M] int64, ids [M, n] int64
+// (< 2^31) -> [M, n] float64.
+torch::Tensor head_noise(torch::Tensor keys, torch::Tensor ids) {
+  auto key_t = keys.to(at::kLong).contiguous();
+  auto id_t = ids.to(at::kLong).contiguous();
+  const int64_t M = key_t.numel();
+  TORCH_CHECK(id_t.dim() == 2 && id_t.size(0) == M, "head_noise: ids [M, n] for keys [M]");
+  const int64_t n = id_t.size(1);
+  auto out = torch::empty({M, n}, id_t.options().dtype(at::kDouble));
+  const uint64_t* kp = reinterpret_cast<const uint64_t*>(key_t.data_ptr<int64_t>());
+  const int64_t* ip = id_t.data_ptr<int64_t>();
+  double* op = out.data_ptr<double>();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < n; ++i) op[m * n + i] = gumbel(kp[m], ip[m * n + i]);
+  return out;
+}

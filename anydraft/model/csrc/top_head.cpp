@@ -1,0 +1,134 @@
+// The output head's k largest logits, exact, without computing every logit: what a top-k (and top-p) sampled
+// token needs. The int8 screen (screen.h) bounds every logit from above; the k head rows with the highest bounds
+// among the head's first blocks (the probe) are computed exactly, their k-th largest value is a threshold no row of
+// the true top k is below, and past the probe only rows whose bound reaches it are kept and computed exactly.
+// Values are head_logits' (bf16 rounding of the same dot products), so the top k equal a sort of the full logits'
+// (the larger value first, the lower row on ties). A row whose screen is unusable (non-finite input), or whose
+// candidates pass num_rows / 16 (a flat screen), is computed over every head row.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include "screen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+using namespace anydraft_native;
+
+namespace {
+
+constexpr int64_t CANDIDATE_FRACTION = 16;
+
+struct Ranked {   // an exact logit and its head row: the larger value first, the lower row on ties
+  float value;
+  int64_t row;
+  bool operator<(const Ranked& o) const { return value > o.value || (value == o.value && row < o.row); }
+};
+
+}  // namespace
+
+// The k largest of head_logits(hidden, weight)[..., :num_rows] per activation row: (values [M, k] float, rows
+// [M, k] int64), in rank order. k <= num_rows. The screen's tensors as greedy_head.
+std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks,
+                                                  torch::Tensor row_scale, torch::Tensor q_sum, torch::Tensor slack_q,
+                                                  torch::Tensor slack_h, int64_t num_rows, int64_t k) {
+  TORCH_CHECK(k > 0 && k <= num_rows, "top_head: need 0 < k <= num_rows");
+  const HeadScreen h(hidden, weight, q_blocks, row_scale, q_sum, slack_q, slack_h, num_rows, "top_head");
+  const int64_t M = h.M, K = h.K, blocks = h.blocks;
+  const int threads = at::get_num_threads();
+  const int64_t probe = h.probe_blocks();
+  const int64_t probed = std::min(probe * 16, num_rows);
+  std::vector<float> bound(M * probe * 16);
+  std::vector<std::vector<Candidate>> candidates(M * threads);
+  std::vector<float> threshold(M, std::numeric_limits<float>::infinity());
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  // A logit is the bf16 rounding of a sum the int8 bound covers: rounding can raise it by |value| / 256, and
+  // flushed denormal partial sums by K * FLT_MIN (as the other heads); /64 leaves room.
+  const __m512 denormal = _mm512_set1_ps(float(K) * std::numeric_limits<float>::min());
+  auto screen_blocks = [&](int64_t b_begin, int64_t b_end, bool keep_bounds) {
+    if (b_begin >= b_end) return;
+    at::parallel_for(b_begin, b_end, 256, [&](int64_t b0, int64_t b1) {
+      const int t = at::get_thread_num();
+      const BlockScorer scorer(h.codes.data(), M, K);
+      std::vector<int32_t> ints(M * 16);
+      for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
+        const int64_t n = b * 16;
+        const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
+        const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
+        const BlockBound block(h, n);
+        scorer.block_scores(h.block(b), ints.data());
+        for (int64_t m = 0; m < M; ++m) {
+          __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+          if (h.screens[m].usable) {
+            __m512 score;
+            const __m512 logit = block.upper(ints.data() + m * 16, h.screens[m], score);
+            upper = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
+          }
+          if (keep_bounds) {
+            _mm512_storeu_ps(bound.data() + m * probe * 16 + n, upper);
+          } else {
+            const __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
+            if (open) keep_open(open, upper, n, candidates[M * t + m]);
+          }
+        }
+      }
+    });
+  };
+
+  // The probe's k highest bounds, computed exactly: their k-th largest value is at most the true k-th's.
+  std::vector<std::vector<Ranked>> ranked(M);
+  std::vector<char> everything(M, 0);
+  screen_blocks(0, probe, true);
+  for (int64_t m = 0; m < M; ++m) {
+    if (!h.screens[m].usable || probed < k) {
+      everything[m] = 1;
+      continue;
+    }
+    std::vector<int64_t> rows(probed);
+    for (int64_t n = 0; n < probed; ++n) rows[n] = n;
+    const float* bm = bound.data() + m * probe * 16;
+    std::nth_element(rows.begin(), rows.begin() + (k - 1), rows.end(),
+                     [&](int64_t a, int64_t b) { return bm[a] > bm[b] || (bm[a] == bm[b] && a < b); });
+    rows.resize(k);
+    std::vector<float> exact(k);
+    exact_dots(h.xb.data() + m * K, K, h.wp, rows.data(), k, exact.data());
+    threshold[m] = *std::min_element(exact.begin(), exact.end());
+  }
+  screen_blocks(probe, blocks, false);
+
+  auto values = torch::empty({M, k}, hidden.options().dtype(at::kFloat));
+  auto rows_out = torch::empty({M, k}, hidden.options().dtype(at::kLong));
+  float* vp = values.data_ptr<float>();
+  int64_t* rp = rows_out.data_ptr<int64_t>();
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      std::vector<int64_t> standing;
+      if (!everything[m]) {
+        append_standing(bound.data() + m * probe * 16, probed, threshold[m], standing);
+        for (int t = 0; t < threads; ++t) append_standing(candidates[M * t + m], threshold[m], standing);
+      }
+      if (everything[m] || int64_t(standing.size()) * CANDIDATE_FRACTION > num_rows) {
+        standing.resize(num_rows);
+        for (int64_t n = 0; n < num_rows; ++n) standing[n] = n;
+      }
+      std::vector<float> exact(standing.size());
+      exact_dots(h.xb.data() + m * K, K, h.wp, standing.data(), int64_t(standing.size()), exact.data());
+      std::vector<Ranked> all(standing.size());
+      for (size_t i = 0; i < standing.size(); ++i) all[i] = {exact[i], standing[i]};
+      // NaN logits (a non-finite input) rank last
+      for (Ranked& r : all) if (std::isnan(r.value)) r.value = -std::numeric_limits<float>::infinity();
+      std::partial_sort(all.begin(), all.begin() + k, all.end());
+      for (int64_t i = 0; i < k; ++i) {
+        vp[m * k + i] = all[i].value;
+        rp[m * k + i] = all[i].row;
+      }
+    }
+  });
+  auto sizes = hidden.sizes().vec();
+  sizes.back() = k;
+  return {values.view(sizes), rows_out.view(sizes)};
+}
