@@ -44,17 +44,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", default=None)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma list of greedy, sampled, truncated (greedy always runs: the ratios' base)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    modes = ["greedy"] + [m for m in args.modes.split(",") if m != "greedy"]
+    if unknown := set(modes) - set(MODES):
+        parser.error(f"--modes: unknown {sorted(unknown)}; choose among {', '.join(MODES)}")
     torch.set_num_threads(args.threads)
     questions = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[:args.num_prompts]
     prompts = [gsm8k.build_prompt(q["question"], [], None, False) for q in questions]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     contenders = {"target alone": None, "TLI": {"model": args.draft}}
 
-    plan = [(name, batch, mode) for name in contenders for batch in batch_sizes for mode in MODES]
+    plan = [(name, batch, mode) for name in contenders for batch in batch_sizes for mode in modes]
     llms = {(name, batch, mode): LLM(args.target, spec, max_num_seqs=batch)
-            for name, spec in contenders.items() for batch in batch_sizes for mode in MODES}
+            for name, spec in contenders.items() for batch in batch_sizes for mode in modes}
 
     def params(mode: str, round_index: int) -> list[SamplingParams]:
         # A fresh seed per request and round: every round samples new text, as served traffic would.
@@ -64,7 +69,7 @@ def main() -> None:
 
     # (batch, mode) -> [prompts where TLI's tokens equal the target alone's, prompts]: greedy is lossless, and a
     # seeded sampled request draws each token with its position's noise (sampling.draw_keys), so it must match too.
-    matches = {(batch, mode): [0, 0] for batch in batch_sizes for mode in MODES}
+    matches = {(batch, mode): [0, 0] for batch in batch_sizes for mode in modes}
 
     def run_round(round_index: int, rows: slice | None = None) -> dict[tuple, tuple[int, float]]:
         """Every contender of a batch size decodes the same groups of prompts, taking turns step by step."""
@@ -79,7 +84,7 @@ def main() -> None:
                 outcome = step_interleaved(runs, turn=round_index + i)
                 for key, (n, seconds, _) in outcome.items():
                     totals[key] = (totals[key][0] + n, totals[key][1] + seconds)
-                for mode in MODES:
+                for mode in modes:
                     pairs = list(zip(outcome[("TLI", batch, mode)][2], outcome[("target alone", batch, mode)][2]))
                     matches[(batch, mode)][0] += sum(a == b for a, b in pairs)
                     matches[(batch, mode)][1] += len(pairs)
@@ -115,7 +120,7 @@ def main() -> None:
                               "other": stats.other_seconds}}
     for name in contenders:
         for batch in batch_sizes:
-            for mode in ("sampled", "truncated"):
+            for mode in modes[1:]:
                 per_round = [s / g for s, g in zip(rates[(name, batch, mode)], rates[(name, batch, "greedy")])]
                 result["ratios"][f"{name} batch {batch} {mode} / greedy"] = {
                     "median_of_medians": statistics.median(rates[(name, batch, mode)])
