@@ -334,6 +334,7 @@ class Engine:
                       sampling: SamplingBatch, temperature: torch.Tensor, keys: torch.Tensor,   # [B], [B, S]
                       repeats: torch.Tensor | None = None,   # [rows]: row i's settings serve repeats[i] of the B
                       ) -> torch.Tensor:                     # [B, S] the target's own draws
+        """The target's draws with the step's keys: from the full softmax, or through each row's top-k / top-p cut."""
         if sampling.untruncated:
             return self.target.sample_ids(hidden, temperature, keys)
         top_k, top_p = sampling.top_k, sampling.top_p
@@ -350,8 +351,8 @@ class Engine:
         from earlier positions' noise only, so a position's key is still unseen when the next step draws it again
         after its true prefix. Each emitted token is then argmax(logits / T + noise of key n) after the same prefix
         as the target alone's: a seeded request samples its text token for token, whatever k and batch.
-        No probabilities, no logits: the step costs what a greedy one does. Else (top-k/top-p, greedy rows, other
-        heads or proposers) rejection sampling, whose seeded output also depends on the k of each step."""
+        No probabilities, no logits: the step costs what a greedy one does. Else (top-p without a top-k cut on every
+        row, greedy rows, other heads or proposers) rejection sampling, whose seeded output depends on the drafts."""
         if sampling is None or not self._samples_natively(sampling):
             return sampling
         if k and not getattr(self.proposer, "couples_draws", False):
