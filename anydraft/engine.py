@@ -18,7 +18,7 @@ from .spec_decode.calibration import calibrate_target_cost
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
 from .spec_decode.sampling import (RowRandom, draw_keys, draw_noise, draw_uniforms, logits_to_probs,
                                      sample_from_probs)
-from .spec_decode.truncated_draws import draw_truncated, draws_natively
+from .spec_decode.truncated_draws import draw_truncated
 from .spec_decode.verify import VerifyOutput, verify_greedy, verify_sampling
 from .tokenizer import Tokenizer
 
@@ -324,11 +324,10 @@ class Engine:
         return out.reshape(len(rows), width)
 
     def _samples_natively(self, sampling: SamplingBatch) -> bool:
-        """The target's own draw needs no probabilities: a native sampling head, no greedy row, and full-softmax rows
-        or a top-k cut on every row (truncated_draws); else the PyTorch path: logits, logits_to_probs,
+        """The target's own draw needs no probabilities: a native sampling head and no greedy row (full-softmax rows,
+        or any top-k / top-p cuts: truncated_draws); else the PyTorch path: logits, logits_to_probs,
         sample_from_probs."""
-        return self.target.samples_natively and (sampling.untruncated or (
-            not sampling.any_greedy and draws_natively(sampling.top_k_max)))
+        return self.target.samples_natively and not sampling.any_greedy
 
     def _target_draws(self, hidden: torch.Tensor,   # [B, S, hidden]
                       sampling: SamplingBatch, temperature: torch.Tensor, keys: torch.Tensor,   # [B], [B, S]
@@ -339,7 +338,7 @@ class Engine:
             return self.target.sample_ids(hidden, temperature, keys)
         top_k, top_p = sampling.top_k, sampling.top_p
         if repeats is not None:
-            top_k = top_k.repeat_interleave(repeats)
+            top_k = None if top_k is None else top_k.repeat_interleave(repeats)
             top_p = None if top_p is None else top_p.repeat_interleave(repeats)
         return draw_truncated(self.target, hidden, temperature, keys, top_k, top_p, sampling.top_k_max)
 
@@ -351,8 +350,8 @@ class Engine:
         from earlier positions' noise only, so a position's key is still unseen when the next step draws it again
         after its true prefix. Each emitted token is then argmax(logits / T + noise of key n) after the same prefix
         as the target alone's: a seeded request samples its text token for token, whatever k and batch.
-        No probabilities, no logits: the step costs what a greedy one does. Else (top-p without a top-k cut on every
-        row, greedy rows, other heads or proposers) rejection sampling, whose seeded output depends on the drafts."""
+        No probabilities on either side (a top-k / top-p cut reads the head's largest or all logits: truncated_draws).
+        Else (greedy rows, other heads or proposers) rejection sampling, whose seeded output depends on the drafts."""
         if sampling is None or not self._samples_natively(sampling):
             return sampling
         if k and not getattr(self.proposer, "couples_draws", False):

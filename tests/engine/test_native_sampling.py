@@ -2,8 +2,8 @@
 token and the token of every step that drafts nothing (the target alone) with ModelRunner.sample_ids, never computing
 the logits; those tokens follow the exact softmax of the target's bf16 logits (chi-square, negative control: a wrong
 temperature is rejected); seeded requests reproduce whatever their batch. A top-k cut on every row draws from the
-head's k largest logits (truncated_draws: the cut softmax, a control rejects the uncut one); top-p alone takes the
-PyTorch path.
+head's k largest logits, top-p alone from all of them (truncated_draws: the cut softmax, a control rejects the uncut
+one).
 With a TLI draft on native kernels too, draws are coupled (Engine._couple): the draft draws with the target's noise
 per target id, a draft is accepted iff it equals the target's draw; the verified tokens still follow the exact law."""
 from __future__ import annotations
@@ -121,15 +121,22 @@ def test_seeded_requests_reproduce_whatever_their_batch(llm):
     assert len({tuple(t) for t in alone}) == 2
 
 
-def test_top_p_alone_takes_the_pytorch_path(llm, target, monkeypatch):
-    """A nucleus without a top-k cut needs the whole distribution: logits, probabilities (not the native draws)."""
-    monkeypatch.setattr(llm.target, "sample_ids", lambda *a: pytest.fail("top-p alone must not take the native head"))
-    monkeypatch.setattr(llm.target.native_head, "top", lambda *a: pytest.fail("nor the k largest logits"))
-    outputs = llm.generate([PROMPT] * 64, [SamplingParams(temperature=1.0, top_p=0.3, max_tokens=3, seed=i)
-                                           for i in range(64)])
-    probs = _exact_probs(target, llm.tokenizer.encode(PROMPT), 1.0)
-    nucleus = probs.argsort(descending=True)[:int((probs.sort(descending=True).values.cumsum(0) < 0.3).sum()) + 1]
-    assert {o.outputs[0].token_ids[0] for o in outputs} <= set(nucleus.tolist())
+def test_top_p_alone_draws_over_every_logit_natively(llm, target, monkeypatch):
+    """A nucleus without a top-k cut is a share of the whole mass: the draw takes every logit (not the k largest),
+    cuts them as logits_to_probs does and draws with the native noise, without probabilities; the first token fits
+    the nucleus's distribution (chi-square), and the same test rejects the uncut softmax (a control)."""
+    import anydraft.engine as engine_module
+    monkeypatch.setattr(llm.target.native_head, "top", lambda *a: pytest.fail("top-p alone took the k largest"))
+    monkeypatch.setattr(engine_module, "logits_to_probs", lambda *a, **k: pytest.fail("the PyTorch path ran"))
+    top_p = 0.9
+    first = [o.outputs[0].token_ids[0] for o in llm.generate(
+        [PROMPT] * NUM_SAMPLES, [SamplingParams(temperature=TEMPERATURE, top_p=top_p, max_tokens=2, seed=80_000 + i)
+                                 for i in range(NUM_SAMPLES)])]
+    prompt_ids = llm.tokenizer.encode(PROMPT)
+    cut = _truncated_probs(target, prompt_ids, TEMPERATURE, 0, top_p)
+    assert int((cut > 0).sum()) >= 3 and cut.max() < 0.8   # a nucleus of several tokens
+    assert _p_value(first, cut) > P_VALUE_MIN
+    assert _p_value(first, _exact_probs(target, prompt_ids, TEMPERATURE)) < P_VALUE_MIN   # control: no cut
 
 
 def _truncated_probs(target, token_ids: list[int], temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -258,7 +265,8 @@ def _seeded_ids(llm, seed0: int, num: int = 64, max_tokens: int = 12, **cut) -> 
     return [o.outputs[0].token_ids for o in llm.generate([PROMPT] * num, params)]
 
 
-@pytest.mark.parametrize("cut", [{}, {"top_k": 8, "top_p": 0.9}], ids=["full softmax", "top-k and top-p"])
+@pytest.mark.parametrize("cut", [{}, {"top_k": 8, "top_p": 0.9}, {"top_p": 0.8}],
+                         ids=["full softmax", "top-k and top-p", "top-p alone"])
 def test_seeded_requests_sample_the_target_alone_s_tokens_with_any_k(llm, target, tli_draft, monkeypatch, cut):
     """A token's noise is keyed by its request and output position (sampling.draw_keys), and with coupled draws every
     emitted token is the target's own draw after the true prefix (from the full softmax, or from a top-k / top-p
