@@ -74,14 +74,17 @@ class NativeHead:
                temperature: torch.Tensor,             # [prod(...)] > 0, one per row of hidden
                keys: torch.Tensor,                    # [prod(...)] int64: each row's noise key (see draw_keys)
                noise_ids: torch.Tensor | None = None,  # [>= num_rows] int64 noise counter per head row; None = n
+               floors: torch.Tensor | None = None,     # [prod(...)] float: only rows whose logit reaches it; None
                ) -> torch.Tensor:                     # [...] long
         """A token per row drawn exactly from softmax(logits()[..., :num_rows] / T) by Gumbel-max, with the noise of
         head row n a fixed function of (key, noise_ids[n]): the same key and hidden state give the same token in any
-        batch, and two heads given the same key draw with the same noise for the same id (coupled draws)."""
+        batch, and two heads given the same key draw with the same noise for the same id (coupled draws). With
+        floors, the softmax over the rows whose logit is at least the row's floor (a cut that keeps a prefix)."""
         ids = torch.empty(0, dtype=torch.long) if noise_ids is None else noise_ids.to(torch.long)
+        floor = torch.empty(0) if floors is None else floors.to(torch.float32)
         return self.extension.sampling_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
                                             self.slack_q, self.slack_h, num_rows,
-                                            1.0 / temperature.to(torch.float64), keys, ids)
+                                            1.0 / temperature.to(torch.float64), keys, ids, floor)
 
     def top(self, hidden: torch.Tensor, num_rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k largest of logits(hidden)[..., :num_rows] and their rows ([..., k] float holding bf16 values,

@@ -212,13 +212,16 @@ class ModelRunner:
                    temperature: torch.Tensor,         # [B] > 0
                    keys: torch.Tensor,                # [B, S] int64 noise keys (sampling.draw_keys)
                    noise_ids: torch.Tensor | None = None,  # [head_rows] id whose noise each head row draws with
+                   floors: torch.Tensor | None = None,     # [B, S] float: only rows whose logit reaches it
                    ) -> torch.Tensor:                 # [B, S] head rows
         """A head row per position drawn exactly from softmax(logits(hidden) / T) (padding rows never), without
         computing every logit: the native head's Gumbel-max (see NativeHead.sample). Only where samples_natively.
-        noise_ids: a draft head's target ids, so that its draw and the target's share their noise per target id."""
+        noise_ids: a draft head's target ids, so that its draw and the target's share their noise per target id.
+        floors: each position's smallest kept logit (a top-p cut), the draw restricted to the rows reaching it."""
         batch, seq = hidden.shape[:2]
         rows_t = temperature.to(hidden.device).view(batch, 1).expand(batch, seq).reshape(-1)
-        return self.native_head.sample(hidden, self.num_token_rows, rows_t, keys.reshape(-1), noise_ids)
+        return self.native_head.sample(hidden, self.num_token_rows, rows_t, keys.reshape(-1), noise_ids,
+                                       None if floors is None else floors.reshape(-1))
 
     def prefill(self, row: int, token_ids: list[int], chunk: int = 512) -> torch.Tensor | None:
         """Put a prompt into one row's cache; returns the hidden state at its last token [1, 1, hidden]."""

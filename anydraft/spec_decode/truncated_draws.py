@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import TOP_SELECTED, cutoff_from_top
+from .sampling import TOP_SELECTED, cutoff_from_top, cutoff_of
 
 TIE_ROOM = 32
 
@@ -50,18 +50,12 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
 
 def _draw_over_all_logits(runner, hidden: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor,
                           top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:   # [B, S]
-    """The same rule and noise over every logit (a cut the k largest cannot decide: top-p alone, ties past them)."""
+    """The same rule over every logit (a cut the k largest cannot decide: top-p alone, ties past them): the kept
+    set is a prefix of the rows by logit, so the native sampling head draws over the rows reaching its smallest
+    logit (the floor), with the same noise."""
     batch, seq = hidden.shape[:2]
-    scaled = runner.logits(hidden).double() / temperature.to(torch.float64).view(batch, 1, 1)   # [B, S, V]
-    vocab_size = scaled.shape[-1]
-    cutoff = None
-    if vocab_size > TOP_SELECTED:
-        cutoff = cutoff_from_top(scaled.topk(TOP_SELECTED, dim=-1).values, top_k, top_p, vocab_size, scaled)
-    if cutoff is None:
-        cutoff = cutoff_from_top(scaled.sort(dim=-1, descending=True).values, top_k, top_p, vocab_size)
-    # The kept ids of each row are its largest; the rows keeping fewer than the most mask the rest.
-    most_kept = int((scaled >= cutoff).sum(dim=-1).max())
-    values, ids = scaled.topk(most_kept, dim=-1)                                       # [B, S, n]
-    noise = runner.native_head.noise(keys.reshape(-1), ids.reshape(batch * seq, -1)).view_as(values)
-    perturbed = (values + noise).masked_fill(values < cutoff, float("-inf"))
-    return ids.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    logits = runner.logits(hidden)                                                      # [B, S, V] bf16
+    scaled = logits.double() / temperature.to(torch.float64).view(batch, 1, 1)
+    cutoff = cutoff_of(scaled, top_k, top_p)                                           # [B, S, 1]
+    floors = logits.float().masked_fill(scaled < cutoff, float("inf")).amin(dim=-1)    # [B, S]
+    return runner.sample_ids(hidden, temperature, keys, floors=floors)

@@ -147,6 +147,23 @@ def test_top_is_the_k_largest_logits_ties_to_the_lower_row(rows, k, hidden_scale
     assert top_rows[6].shape == (k,) and (top_rows[6] < rows - 3).all()
 
 
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_floors_restrict_the_draw_to_the_rows_reaching_them(temperature):
+    """sample(floors=...): the Gumbel-max over the rows whose logit is at least the row's floor (a top-p cut keeps
+    such a prefix), exactly; without the floor the same keys draw elsewhere."""
+    head = _head(6000, seed=22, scale=0.1)
+    hidden = (torch.randn(16, 128, generator=torch.Generator().manual_seed(23)) * 3).bfloat16()
+    temps, keys = torch.full((16,), temperature), _keys(16, 24)
+    logits = head.logits(hidden)[:, :6000].float()
+    floors = logits.sort(dim=-1, descending=True).values[:, 4]   # the 5 largest (and any ties) take part
+    drawn = head.sample(hidden, 6000, temps, keys, floors=floors)
+    for m in range(16):
+        kept = torch.nonzero(logits[m] >= floors[m]).flatten().numpy()
+        perturbed = logits[m, kept].double().numpy() * (1.0 / temperature) + _noise(int(keys[m]), kept)
+        assert int(drawn[m]) == int(kept[np.argmax(perturbed)])
+    assert not torch.equal(drawn, head.sample(hidden, 6000, temps, keys))
+
+
 def test_noise_is_the_sampling_head_s_for_any_ids():
     head = _head(100, seed=3)
     keys, ids = _keys(3, 5), torch.randint(0, 150_000, (3, 9), generator=torch.Generator().manual_seed(6))

@@ -95,6 +95,25 @@ def test_top_k_top_p_over_a_large_vocabulary_selects_then_sorts_where_it_must(mo
                                    rtol=1e-5)
 
 
+def test_a_nucleus_past_the_first_selection_is_found_among_the_wide_one(monkeypatch):
+    """A nucleus of a few thousand tokens: not among the 256 largest, decided among TOP_SELECTED_WIDE, equal to the
+    reference and to the whole sort."""
+    import anydraft.spec_decode.sampling as sampling
+    vocab = 20_000
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(9)) * 3.0   # a nucleus of 953
+    calls = []
+    cutoff = sampling.cutoff_from_top
+    monkeypatch.setattr(sampling, "cutoff_from_top", lambda top, *a: calls.append(
+        (top.shape[-1], (result := cutoff(top, *a)) is None)) or result)
+    probs = logits_to_probs(logits.view(1, 1, vocab), torch.ones(1), top_p=torch.tensor([0.9]))[0, 0]
+    assert calls == [(sampling.TOP_SELECTED, True), (sampling.TOP_SELECTED_WIDE, False)]
+    kept = int((probs > 0).sum())
+    assert sampling.TOP_SELECTED < kept < sampling.TOP_SELECTED_WIDE, kept
+    expected = reference_probs(logits, 1.0, 0, 0.9)
+    torch.testing.assert_close(probs.double(), expected, atol=1e-6, rtol=1e-5)
+    assert torch.equal(probs > 0, expected > 0)
+
+
 def test_none_top_k_top_p_equals_off_values():
     logits = torch.randn(3, 2, 50, generator=torch.Generator().manual_seed(1))
     temperature = torch.tensor([0.8, 0.0, 1.5])

@@ -18,7 +18,8 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
 
 torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                             torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows,
-                            torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids);
+                            torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids,
+                            torch::Tensor floors);
 torch::Tensor head_noise(torch::Tensor keys, torch::Tensor ids);
 std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks,
                                                   torch::Tensor row_scale, torch::Tensor q_sum, torch::Tensor slack_q,

@@ -178,10 +178,12 @@ struct BestDouble {  // running argmax: the larger value, the lower index on tie
 // T = 1 / inv_temperature[m] (float64, > 0), g of head row n from keys[m] (int64, any bits) and the counter
 // noise_ids[n] (int64 [>= num_rows]; empty: n itself). A head whose rows stand for other ids (a draft's head over a
 // target vocabulary) passes those ids, so that the draft and the target draw with the same noise per id.
-// The screen's tensors as greedy_head.
+// floors[m] (float [M]; empty: none): only rows whose logit is at least it take part (a top-p cut's kept set, a
+// prefix of the rows by logit): the Gumbel-max restricted to them. The screen's tensors as greedy_head.
 torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                             torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows,
-                            torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids) {
+                            torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids,
+                            torch::Tensor floors) {
   TORCH_CHECK(num_rows > 0, "sampling_head: bad shapes");
   const HeadScreen h(hidden, weight, q_blocks, row_scale, q_sum, slack_q, slack_h, num_rows, "sampling_head");
   const int64_t M = h.M, K = h.K, blocks = h.blocks;
@@ -191,6 +193,10 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   const double* invp = inv_t.data_ptr<double>();
   const uint64_t* kp = reinterpret_cast<const uint64_t*>(key_t.data_ptr<int64_t>());
   for (int64_t m = 0; m < M; ++m) TORCH_CHECK(invp[m] > 0 && std::isfinite(invp[m]), "sampling_head: temperature must be > 0");
+  auto floor_t = floors.to(at::kFloat).contiguous();
+  const bool floored = floor_t.numel() > 0;
+  TORCH_CHECK(!floored || floor_t.numel() == M, "sampling_head: one floor per row, or none");
+  const float* floorp = floored ? floor_t.data_ptr<float>() : nullptr;
   auto ids_t = noise_ids.to(at::kLong).contiguous();
   const bool mapped = ids_t.numel() > 0;
   TORCH_CHECK(!mapped || ids_t.numel() >= num_rows, "sampling_head: a noise id per head row");
@@ -302,10 +308,12 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
     });
   };
 
-  // The exact perturbed value of head row n for activation row m: the bf16 logit (head_logits' value) / T + g.
+  // The exact perturbed value of head row n for activation row m: the bf16 logit (head_logits' value) / T + g
+  // (rows under the floor take no part: a bound above a best value that only they reach stays safe).
   auto perturbed = [&](int64_t m, const float* logits, const int64_t* rows, int64_t count, BestDouble& best) {
     for (int64_t i = 0; i < count; ++i)
-      best.offer(double(logits[i]) * invp[m] + gumbel(kp[m], counters[rows[i]]), rows[i]);
+      if (!floored || !(logits[i] < floorp[m]))
+        best.offer(double(logits[i]) * invp[m] + gumbel(kp[m], counters[rows[i]]), rows[i]);
   };
   // best[m] takes the seeds' exact values (it only rises, so the probe's threshold is at most the final one); a
   // row whose bound is below it (rounded down to float) cannot win.
