@@ -25,8 +25,8 @@ from ..atomic_file import write_bytes_atomically
 from .config import ModelConfig
 from .packed_linear import TileLinear
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp", "sampling_head.cpp",
-                                                                   "top_head.cpp")]
+SOURCES = [Path(__file__).with_name("csrc") / name
+           for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp", "sampling_head.cpp", "top_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
 
 
