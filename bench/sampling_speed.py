@@ -1,15 +1,15 @@
 """Sampled decoding against greedy decoding, in one process, interleaved (issue: sampling at the speed of greedy).
 
-For the target alone and TLI (the shipped pair, default speculative settings: num_speculative_tokens 5,
-adaptive), at batch 1 (one prompt at a time) and batch 16 (all prompts together): tok/s greedy, at temperature 0.7
-("sampled") and with Qwen3's recommended T 0.6, top-p 0.95, top-k 20 ("truncated"; each sampled request seeded),
-medians of --repeats rounds after a warm-up. Each (contender, batch, mode) has its own LLM, so adaptive speculation
-learns the costs of one kind of traffic. The headline is sampled (and truncated) / greedy tok/s of the same
-contender and batch, a ratio from one schedule. In a round, the LLMs of a batch size decode the same group of
-prompts (one prompt at batch 1, all 16 at batch 16) taking turns step by step (anydraft/bench/interleave.py), each
-timed over its own steps, so the machine's drift hits all alike. Every request's tokens are compared with the target
-alone's (`tli_equals_target_alone`): greedy is lossless, and with coupled draws (sampled, and truncated where every
-row has a top-k cut) a seeded request samples the target alone's tokens.
+For the target alone and TLI (the shipped pair, default speculative settings: num_speculative_tokens 5, adaptive),
+at batch 1 (one prompt at a time) and batch 16 (all prompts together): tok/s greedy, at temperature 0.7 ("sampled")
+and with Qwen3's recommended T 0.6, top-p 0.95, top-k 20 ("truncated"; --modes nucleus adds T 0.7, top-p 0.9 alone;
+each sampled request seeded), medians of --repeats rounds after a warm-up. Each (contender, batch, mode) has its own
+LLM, so adaptive speculation learns the costs of one kind of traffic. The headline is sampled (and truncated) /
+greedy tok/s of the same contender and batch, a ratio from one schedule. In a round, the LLMs of a batch size decode
+the same group of prompts (one prompt at batch 1, all 16 at batch 16) taking turns step by step
+(anydraft/bench/interleave.py), each timed over its own steps, so the machine's drift hits all alike. Every
+request's tokens are compared with the target alone's (`tli_equals_target_alone`): greedy is lossless, and with
+coupled draws (every mode on a native head) a seeded request samples the target alone's tokens.
 
     python bench/sampling_speed.py --out bench/results/<date>-sampling/speed.json
 """
@@ -31,7 +31,7 @@ from anydraft.provenance import provenance
 
 # mode -> SamplingParams settings; "truncated" is Qwen3's recommended sampling (a top-k and a top-p cut)
 MODES = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 0.7},
-         "truncated": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}
+         "truncated": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}, "nucleus": {"temperature": 0.7, "top_p": 0.9}}
 
 
 def main() -> None:
@@ -44,8 +44,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", default=None)
-    parser.add_argument("--modes", default=",".join(MODES),
-                        help="comma list of greedy, sampled, truncated (greedy always runs: the ratios' base)")
+    parser.add_argument("--modes", default="greedy,sampled,truncated",
+                        help="comma list of greedy, sampled, truncated, nucleus (top-p alone); greedy always runs: "
+                             "the ratios' base")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     modes = ["greedy"] + [m for m in args.modes.split(",") if m != "greedy"]
