@@ -96,7 +96,6 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
   const int64_t max_candidates = num_rows / FALLBACK_FRACTION + 1;
   std::vector<std::vector<Candidate>> candidates(M * threads);
   std::vector<char> overflow(M * threads, 0);
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   // Blocks [b_begin, b_end) of the head for the activation rows `active`: bounds kept (probe) or filtered.
   auto screen_blocks = [&](int64_t b_begin, int64_t b_end, const std::vector<int64_t>& active, bool keep_bounds) {
     const int64_t A = int64_t(active.size());
@@ -108,18 +107,12 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
       Best* seed = &seeds[M * t];
       std::vector<__m512> best_score(A, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
       std::vector<__m512i> best_row(A, _mm512_set1_epi32(-1));
-      const BlockScorer scorer(active_codes.data(), A, K);
-      std::vector<int32_t> ints(A * 16);
-      for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
-        const int64_t n = b * 16;
-        const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
-        const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
-        const BlockBound block(h, n);
-        scorer.block_scores(h.block(b), ints.data());   // these 16 head rows x every activation row
+      for_each_scored_block(h, active_codes.data(), A, b0, b1, [&](int64_t, int64_t n, __m512i rows, __mmask16 valid,
+                                                                 const BlockBound& block, const int32_t* ints) {
         for (int64_t j = 0; j < A; ++j) {
           const int64_t m = active[j];
           __m512 score;
-          const __m512 upper = block.upper(ints.data() + j * 16, screens[m], score);
+          const __m512 upper = block.upper(ints + j * 16, screens[m], score);
           if (keep_bounds) {
             _mm512_storeu_ps(bound.data() + m * probed + n, upper);
           } else {
@@ -134,7 +127,7 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
           best_score[j] = _mm512_mask_blend_ps(better, best_score[j], score);
           best_row[j] = _mm512_mask_blend_epi32(better, best_row[j], rows);
         }
-      }
+      });
       for (int64_t j = 0; j < A; ++j) {
         alignas(64) float scores[16];
         alignas(64) int32_t row_ids[16];

@@ -232,15 +232,9 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
       int64_t* seed = &seeds[M * 16 * t];
       std::vector<__m512> best_bound(M, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
       std::vector<__m512i> best_row(M, _mm512_set1_epi32(-1));
-      const BlockScorer scorer(h.codes.data(), M, K);
-      std::vector<int32_t> ints(M * 16);
       std::vector<float> block_w0(mapped ? 0 : M * 16), block_max(mapped ? 0 : M * 16);   // 16 blocks at a time
-      for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
-        const int64_t n = b * 16;
-        const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
-        const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
-        const BlockBound block(h, n);
-        scorer.block_scores(h.block(b), ints.data());   // these 16 head rows x every activation row
+      for_each_scored_block(h, h.codes.data(), M, b0, b1, [&](int64_t b, int64_t n, __m512i rows, __mmask16 valid,
+                                                             const BlockBound& block, const int32_t* ints) {
         if (!mapped && (b - b0) % 16 == 0)   // the next 16 blocks, for every row m: w0's lower bound, g_max's bound
           for (int64_t m = 0; m < M; ++m) {
             const __m512i blocks16 = _mm512_or_si512(_mm512_add_epi32(_mm512_set1_epi32(int32_t(b)), lane),
@@ -253,7 +247,7 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
           __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
           if (h.screens[m].usable) {
             __m512 score;
-            const __m512 logit = block.upper(ints.data() + m * 16, h.screens[m], score);   // >= the fp32 dot
+            const __m512 logit = block.upper(ints + m * 16, h.screens[m], score);   // >= the fp32 dot
             const __m512 rounded = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
             // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
             const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
@@ -298,7 +292,7 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
           best_bound[m] = _mm512_mask_blend_ps(better, best_bound[m], upper);
           best_row[m] = _mm512_mask_blend_epi32(better, best_row[m], rows);
         }
-      }
+      });
       for (int64_t m = 0; m < M; ++m) {
         alignas(64) int32_t row_ids[16];
         _mm512_store_si512(row_ids, best_row[m]);

@@ -216,6 +216,25 @@ struct BlockBound {
   }
 };
 
+// The head's blocks [b0, b1), each read once and scored for every activation row whose codes are given (A rows):
+// fn(b, n, rows, valid, block, ints), n = 16 b the block's first head row, rows its 16 head rows, valid those below
+// num_rows, block their bounds, ints [A, 16] the exact int8 scores. Every head's screen pass is this loop.
+template <class Fn>
+inline void for_each_scored_block(const HeadScreen& h, const uint8_t* codes, int64_t A, int64_t b0, int64_t b1,
+                                  Fn&& fn) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const BlockScorer scorer(codes, A, h.K);
+  std::vector<int32_t> ints(A * 16);
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n = b * 16;
+    const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
+    const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(h.num_rows)));
+    const BlockBound block(h, n);
+    scorer.block_scores(h.block(b), ints.data());
+    fn(b, n, rows, valid, block, static_cast<const int32_t*>(ints.data()));
+  }
+}
+
 struct Candidate {   // a head row past the probe whose bound reached the probe's threshold
   int32_t row;
   float bound;

@@ -45,7 +45,6 @@ std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::T
   std::vector<float> bound(M * probe * 16);
   std::vector<std::vector<Candidate>> candidates(M * threads);
   std::vector<float> threshold(M, std::numeric_limits<float>::infinity());
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   // A logit is the bf16 rounding of a sum the int8 bound covers: rounding can raise it by |value| / 256, and
   // flushed denormal partial sums by K * FLT_MIN (as the other heads); /64 leaves room.
   const __m512 denormal = _mm512_set1_ps(float(K) * std::numeric_limits<float>::min());
@@ -53,19 +52,13 @@ std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::T
     if (b_begin >= b_end) return;
     at::parallel_for(b_begin, b_end, 256, [&](int64_t b0, int64_t b1) {
       const int t = at::get_thread_num();
-      const BlockScorer scorer(h.codes.data(), M, K);
-      std::vector<int32_t> ints(M * 16);
-      for (int64_t b = b0; b < b1; ++b) {   // each block of the head is read once, for every activation row
-        const int64_t n = b * 16;
-        const __m512i rows = _mm512_add_epi32(_mm512_set1_epi32(int32_t(n)), lane);
-        const __mmask16 valid = _mm512_cmplt_epi32_mask(rows, _mm512_set1_epi32(int32_t(num_rows)));
-        const BlockBound block(h, n);
-        scorer.block_scores(h.block(b), ints.data());
+      for_each_scored_block(h, h.codes.data(), M, b0, b1, [&](int64_t, int64_t n, __m512i, __mmask16 valid,
+                                                             const BlockBound& block, const int32_t* ints) {
         for (int64_t m = 0; m < M; ++m) {
           __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
           if (h.screens[m].usable) {
             __m512 score;
-            const __m512 logit = block.upper(ints.data() + m * 16, h.screens[m], score);
+            const __m512 logit = block.upper(ints + m * 16, h.screens[m], score);
             upper = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
           }
           if (keep_bounds) {
@@ -75,7 +68,7 @@ std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::T
             if (open) keep_open(open, upper, n, candidates[M * t + m]);
           }
         }
-      }
+      });
     });
   };
 
