@@ -186,7 +186,7 @@ class Engine:
         if sampling is None:
             return self.target.greedy_ids(last_hidden)[:, 0].tolist()
         if self._samples_natively(sampling):
-            keys = draw_keys(sampling.randoms, [len(r.output_target_ids) for r in requests], 1, self.target.device)
+            keys = self._noise_keys(sampling, requests, 1)                                    # [A, 1]
             return self._target_draws(last_hidden, sampling, sampling.temperature, keys)[:, 0].tolist()
         target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
                                        sampling.top_p, sampling.any_greedy)                 # [A, 1, V_target]
@@ -356,8 +356,12 @@ class Engine:
             return sampling
         if k and not getattr(self.proposer, "couples_draws", False):
             return sampling
-        positions = [len(r.output_target_ids) for r in requests]   # each row's next output position
-        return replace(sampling, keys=draw_keys(sampling.randoms, positions, k + 1, self.target.device))  # [B, k+1]
+        return replace(sampling, keys=self._noise_keys(sampling, requests, k + 1))                  # [B, k+1]
+
+    def _noise_keys(self, sampling: SamplingBatch, requests: list[Request], num: int) -> torch.Tensor:   # [B, num]
+        """Each request's noise keys for its next `num` output positions (sampling.draw_keys)."""
+        positions = [len(r.output_target_ids) for r in requests]
+        return draw_keys(sampling.randoms, positions, num, self.target.device)
 
     def _verify(self, target_out, proposal: Proposal, sampling: SamplingBatch | None,
                 row_drafts: list[int]) -> VerifyOutput:
