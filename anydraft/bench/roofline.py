@@ -4,7 +4,7 @@ At batch 1 a decode step reads every target weight once, so no system can beat w
 token. The bandwidth is measured the same way a decode step reads: one GEMV (matrix times one vector) over a
 matrix of as many bytes as the target's weights, in the bench's dtype and thread count, median of a few runs,
 by every GEMV at hand (torch's, anydraft's native bf16 head kernel on the row-major matrix, and the native body's
-kernel on the matrix packed for AMX tiles, where each runs): the bound is the fastest of them, since a slower
+kernel on the matrix packed in its tile layout, where each runs): the bound is the fastest of them, since a slower
 GEMV gives a bound a decode can beat (torch's bf16 GEMV reads far below what the memory delivers). anydraft's
 own decode steps are also timed alternately with that GEMV (`decode_steps`), the headline share of the bound.
 """
@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import torch
 
 
-READERS = ("torch.mm", "anydraft native head_logits", "anydraft native body (AMX tiles)")
+READERS = ("torch.mm", "anydraft native head_logits", "anydraft native body (packed)")
 
 
 def _reader(name: str, rows: int, columns: int, dtype: torch.dtype, native) -> Callable[[], object] | None:
@@ -32,7 +32,7 @@ def _reader(name: str, rows: int, columns: int, dtype: torch.dtype, native) -> C
     if name == "anydraft native head_logits":
         matrix = torch.ones(rows, columns, dtype=dtype)
         return lambda: native.head_logits(vector, matrix)
-    packed = native.pack_body_weight(torch.ones(rows, columns, dtype=dtype))   # None where AMX tiles do not run
+    packed = native.pack_body_weight(torch.ones(rows, columns, dtype=dtype))   # None at an odd width
     return None if packed is None else (lambda: native.body_linear(vector, packed, rows))
 
 

@@ -170,9 +170,9 @@ def why_not_native(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -
 
 
 class NativeDecoder:
-    """A model's decoder body as one native call. Holds the model's bf16 weights: where AMX tiles run a weight's
-    width it packs the weight into their layout once and the model keeps only that copy (a TileLinear: faster
-    prefill, same values); other weights are shared, not copied. Raises ValueError for a layout it cannot run."""
+    """A model's decoder body as one native call. Holds the model's bf16 weights, each packed once into the tile
+    layout its kernels read (AMX tiles or AVX-512 vectors) with the model keeping only that copy (a TileLinear);
+    a weight of odd width is shared as it is. Raises ValueError for a layout it cannot run."""
 
     def __init__(self, model) -> None:
         cfg = model.cfg
@@ -209,9 +209,9 @@ class NativeDecoder:
         return mlp.fused_weights()
 
     def _body_weight(self, owner: torch.nn.Module, name: str, weight: torch.Tensor | None = None) -> torch.Tensor:
-        """The weight the body reads (`weight`, default: module `name` of `owner`'s): packed for AMX tiles where
-        they run its width, else itself. A module holding that weight becomes a TileLinear holding only the
-        packed copy (a second NativeDecoder on the model then reads that)."""
+        """The weight the body reads (`weight`, default: module `name` of `owner`'s): packed into the tile layout
+        (itself at an odd width). A module holding that weight becomes a TileLinear holding only the packed copy
+        (a second NativeDecoder on the model then reads that)."""
         linear = getattr(owner, name, None)
         if isinstance(linear, TileLinear):
             return linear.packed

@@ -5,8 +5,8 @@ Why: on CPU, F.linear in bfloat16 reorders the weight into oneDNN's blocked layo
 and is bit-identical to F.linear (tested). For small weights (a decoder layer at hidden ~200), oneDNN's
 per-call overhead dominates even when prepacked, and `Float32Linear`, an fp32 GEMM on the bf16 values,
 takes ~15-20% off a decoder body; its outputs differ from oneDNN's in summation order only (tested).
-Other devices and dtypes keep nn.Linear. `TileLinear` holds a weight the native body reads in its AMX tiles'
-layout (model/csrc/tile_gemm.h), its only copy.
+Other devices and dtypes keep nn.Linear. `TileLinear` holds a weight the native body reads in its tile layout
+(model/csrc/vector_gemm.h), its only copy.
 """
 from __future__ import annotations
 
@@ -88,9 +88,9 @@ def pack_linears(module: nn.Module) -> int:
 
 
 class TileLinear(nn.Module):
-    """A Linear whose weight lives only in the native AMX tiles' layout, packed [ceil(N/32) * 2, K/2, 16, 2]
-    (csrc/tile_gemm.h), so the native body reads it without a second copy in memory. Its PyTorch forward
-    (references, tests) unpacks the weight on each call: the same values, not fast."""
+    """A Linear whose weight lives only in the native body's tile layout, packed [ceil(N/32) * 2, K/2, 16, 2]
+    (csrc/vector_gemm.h; read by AMX tiles or AVX-512 vectors), so the native body reads it without a second
+    copy. Its PyTorch forward (references, tests) unpacks the weight on each call: the same values, not fast."""
 
     def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int):
         super().__init__()
@@ -106,4 +106,4 @@ class TileLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=native AMX tiles"
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed=native tile layout"

@@ -82,12 +82,24 @@ def test_prefill_sized_batches_give_each_row_its_alone_value():
     assert torch.equal(together, alone)
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (weights are packed for AMX tiles only)")
-@pytest.mark.parametrize("cols, rows", [(1024, 4096), (2048, 12288), (6144, 2048), (1024, 1040)])
-def test_body_weights_packed_for_tiles_give_the_row_major_values_in_any_batch(cols, rows):
-    """The body's linear layers read weights packed for AMX tiles (tile_gemm.h): every output equals the row-major
-    kernel's (head_logits) for that row alone, in batches of any size (600: past the 256 rows a thread keeps in
-    cache at once; 1040: a weight-row tail past the last 32) and with 1 or 2 threads."""
+def _pairs_in_k_order(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The AVX-512 packed kernel's documented arithmetic (vector_gemm.h), in PyTorch: for each output an fp32 sum
+    over the input pairs in k order, each step adding the odd column's exact product, then the even one's
+    (VDPBF16PS), then one bf16 rounding. [M, K] x [N, K] -> [M, N]."""
+    xf, wf = x.float(), weight.float()
+    acc = torch.zeros(x.shape[0], weight.shape[0])
+    for p in range(0, x.shape[1], 2):
+        acc = acc + xf[:, p + 1:p + 2] * wf[:, p + 1]   # bf16 x bf16 is exact in fp32: one rounding per addition
+        acc = acc + xf[:, p:p + 1] * wf[:, p]
+    return acc.bfloat16()
+
+
+@pytest.mark.parametrize("cols, rows", [(1024, 4096), (2048, 12288), (6144, 2048), (1024, 1040), (1040, 1000)])
+def test_body_weights_packed_give_each_row_its_alone_value_in_any_batch(cols, rows):
+    """The body's linear layers read weights packed in the tile layout: every output equals that row computed
+    alone, in batches of any size (600: prefill-sized; 1040 rows: a weight-row tail past the last 32) and with 1
+    or 2 threads. Its value is the AMX path's row-major one (head_logits) where AMX runs the width, else the
+    AVX-512 kernel's documented order (pairs in k order), bit for bit."""
     extension = load_extension()
     weight = _weight(rows, cols, seed=rows * 3 + cols)
     packed = extension.pack_body_weight(weight)
@@ -95,17 +107,27 @@ def test_body_weights_packed_for_tiles_give_the_row_major_values_in_any_batch(co
     x = torch.randn(600, cols, generator=torch.Generator().manual_seed(cols + 1)).bfloat16()
     picks = torch.randperm(600, generator=torch.Generator().manual_seed(2))[:12]
     with threads(1):
-        alone = torch.cat([extension.head_logits(x[i:i + 1], weight) for i in picks])
-        assert torch.equal(torch.cat([extension.body_linear(x[i:i + 1], packed, rows) for i in picks]), alone)
+        alone = torch.cat([extension.body_linear(x[i:i + 1], packed, rows) for i in picks])
+    expected = (extension.head_logits(x[picks], weight) if extension.matmul_path(cols) == "amx"
+                else _pairs_in_k_order(x[picks], weight))
+    assert torch.equal(alone, expected)
     for count in (1, 2):
         with threads(count):
             assert torch.equal(extension.body_linear(x, packed, rows)[picks], alone), count
-            for size in (3, 17, 40):
+            for size in (3, 8, 9, 17, 40):
                 assert torch.equal(extension.body_linear(x[picks[:size]], packed, rows), alone[:size]), (count, size)
-    assert extension.pack_body_weight(_weight(64, 48, seed=1)) is None   # width 48: no AMX, the weight stays as is
+    assert extension.pack_body_weight(_weight(64, 47, seed=1)) is None   # odd width: no pairs, stays row-major
 
 
-@pytest.mark.skipif(not cpu_has("amx_bf16"), reason="hardware: no AMX (weights are packed for AMX tiles only)")
+def test_the_packed_kernel_reference_tells_the_summation_order_apart():
+    """Control for the test above: the pairs-in-k-order reference is not met by another order of the same sums
+    (reversed pairs) on these weights, so an equality with it checks the order, not only the rounding."""
+    weight = _weight(256, 2048, seed=3)
+    x = torch.randn(8, 2048, generator=torch.Generator().manual_seed(4)).bfloat16()
+    reversed_order = _pairs_in_k_order(x.flip(1), weight.flip(1))
+    assert not torch.equal(_pairs_in_k_order(x, weight), reversed_order)
+
+
 def test_the_model_keeps_one_copy_of_a_packed_weight_and_its_pytorch_path_still_runs():
     """Where the native body packs a layer's weights, the model's modules hold only the packed copy (no second
     3.4 GB for a 1.7B model); the PyTorch forward (references) unpacks them to the very weights it had."""

@@ -34,7 +34,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("screen_path", [](int64_t rows) { return screen_uses_amx_tiles(rows) ? "amx" : "vnni"; },
         "which instructions score the int8 head screen for this many activation rows in this process");
   m.def("decoder_forward", &decoder_forward, "Llama-family decoder body, bf16, batch-invariant");
-  m.def("pack_body_weight", &pack_body_weight, "a body weight packed for AMX tiles, or None where they do not run");
+  m.def("pack_body_weight", &pack_body_weight, "a body weight packed in the tile layout the body reads (AMX tiles or AVX-512 vectors), or None for an odd width");
   m.def("body_linear", &body_linear_op, "x @ weight^T in bf16 as the decoder body computes it (weight row-major or packed)");
   m.def("head_logits", &head_logits, "bf16 logits of an output head, batch-invariant");
   m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");

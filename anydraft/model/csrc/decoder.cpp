@@ -2,8 +2,9 @@
 //
 // Why: at the sizes of draft models (and of the shipped models) a PyTorch forward is ~50 framework calls
 // per layer, each costing more than its arithmetic; at real sizes (hidden 1024+) the layers are a read of the
-// weights, which linear() (linear.h) and linear_tiles() (tile_gemm.h) read once for all rows of the forward;
-// attention reads the cache (attention.h). A forward's tokens may come from several rows (a ragged prefill).
+// weights, which linear_vectors() (vector_gemm.h) or linear_tiles() (AMX, tile_gemm.h) read once for all rows
+// of the forward; attention reads the cache (attention.h). A forward's tokens may come from several rows (a
+// ragged prefill).
 // Every output row is computed the same way whatever the number of rows, its place among them, or the threads
 // (each output in one fixed summation order; threads split outputs, never sums), so a k+1-token verification,
 // a 1-token decode and a prefill give bit-identical rows: greedy speculative decoding in bf16 equals the target
@@ -16,6 +17,7 @@
 #include "attention.h"
 #include "linear.h"
 #include "tile_gemm.h"
+#include "vector_gemm.h"
 
 #include <cmath>
 #include <cstdint>
@@ -73,8 +75,9 @@ void rope(float* x, int64_t M, int64_t heads, int64_t D, const uint16_t* cos, co
   });
 }
 
-// A body weight is [N, K] row-major (linear.h) or, where AMX runs width K, packed for the tiles
-// [ceil(N/32) * 2, K/2, 16, 2] (tile_gemm.h, NativeDecoder packs it at load): the same values either way.
+// A body weight is packed at load into the tile layout [ceil(N/32) * 2, K/2, 16, 2] (vector_gemm.h; NativeDecoder
+// packs it) and read by AMX tiles where they run width K (tile_gemm.h), else by AVX-512 vectors (vector_gemm.h);
+// a row-major [N, K] weight (odd K, or a caller's own) runs linear.h's kernel.
 int64_t in_features(const torch::Tensor& w) { return w.dim() == 4 ? w.size(1) * 2 : w.size(1); }
 
 void body_linear(const float* x, int64_t M, int64_t K, const torch::Tensor& w, const uint16_t* bias, int64_t N,
@@ -82,28 +85,23 @@ void body_linear(const float* x, int64_t M, int64_t K, const torch::Tensor& w, c
   TORCH_CHECK(in_features(w) == K, "weight of ", in_features(w), " columns for inputs of ", K);
   if (w.dim() == 2) return linear(x, M, K, bf16_ptr(w), bias, N, y);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  TORCH_CHECK(use_amx(K), "a weight packed for AMX tiles where AMX does not run width ", K);
-  linear_tiles(x, M, K, bf16_ptr(w), bias, N, y);
-#else
-  TORCH_CHECK(false, "a weight packed for AMX tiles in a build without AMX");
+  if (use_amx(K)) return linear_tiles(x, M, K, bf16_ptr(w), bias, N, y);
 #endif
+  linear_vectors(x, M, K, bf16_ptr(w), bias, N, y);
 }
 
 }  // namespace
 
-// weight [N, K] bf16 -> [ceil(N/32) * 2, K/2, 16, 2] for linear_tiles where AMX runs width K; else undefined.
+// weight [N, K] bf16 -> [ceil(N/32) * 2, K/2, 16, 2], the layout the body's packed kernels read; undefined for an
+// odd K (no column pairs), which keeps the row-major kernel.
 torch::Tensor pack_body_weight(torch::Tensor weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16, "pack_body_weight: a 2-D bf16 weight expected");
   const int64_t N = weight.size(0), K = weight.size(1);
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if (use_amx(K)) {
-    auto w = weight.contiguous();
-    auto packed = torch::empty({(N + 31) / 32 * 2, K / 2, 16, 2}, weight.options());
-    pack_weight_tiles(bf16_ptr(w), N, K, bf16_ptr_mut(packed));
-    return packed;
-  }
-#endif
-  return torch::Tensor();
+  if (K % 2) return torch::Tensor();
+  auto w = weight.contiguous();
+  auto packed = torch::empty({(N + 31) / 32 * 2, K / 2, 16, 2}, weight.options());
+  pack_weight_tiles(bf16_ptr(w), N, K, bf16_ptr_mut(packed));
+  return packed;
 }
 
 // x [M, K] bf16 @ a body weight (row-major or packed) -> [M, N] bf16: one of the body's linear layers alone.
@@ -118,7 +116,7 @@ torch::Tensor body_linear_op(torch::Tensor x, torch::Tensor weight, int64_t N) {
 // input_ids [B, S] -> last hidden states after the final norm, [B, S, H] bf16.
 // layers: per layer 8 tensors: input_norm [H], qkv_weight [(Hq+2Hkv)*D, H], qkv_bias or empty,
 //   qk_norm [Hq+Hkv, D] or empty, o_weight [H, Hq*D], post_norm [H], gate_up_weight [2I, H], down_weight [H, I]
-//   (each weight row-major or packed for AMX tiles, see body_linear).
+//   (each weight packed or row-major, see body_linear).
 // k_cache / v_cache: [L, B_max, L_max+1, Hkv, D] bf16; token m = b*S + s is written at (slots[m], positions[m]),
 // its position is also its rotary position, and key j of its slot is visible to it iff j <= its position. Tokens
 // of one row need not share a batch row: several prompts can run as one ragged sequence (B = 1) with no padding.

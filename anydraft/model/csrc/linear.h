@@ -1,7 +1,7 @@
 // The linear layer of the native kernels: y = bf16(x @ w^T + bias) for bf16 activations and a bf16 weight in
 // PyTorch's row-major layout, each weight block read from memory once for all activation rows. The output head
-// (whose row-major weight its screens share) runs here; the decoder body's weights, where AMX runs their width, are
-// packed for tile_gemm.h instead (the same values, faster from 16 rows up).
+// (whose row-major weight its screens share) runs here; the decoder body's weights are packed at load and read by
+// tile_gemm.h (AMX; the same values as here) or vector_gemm.h (AVX-512; its own fixed order, faster from 1 row up).
 //
 // Every output is one fixed function of its own activation row and weight row: its summation order depends on
 // nothing else (not the number of rows, the row's place among them, or the threads, which split the weight

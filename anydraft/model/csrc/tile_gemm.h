@@ -1,4 +1,5 @@
-// The decoder body's linear layers on AMX tiles, with each weight packed once into the tiles' layout.
+// The decoder body's linear layers on AMX tiles, with each weight packed once into the tiles' layout (vector_gemm.h,
+// pack_weight_tiles; the AVX-512 kernel there reads the same packed weight where AMX does not run).
 //
 // Why: linear.h reads PyTorch's row-major weight as it is, so each tile load gathers 16 rows 2*K bytes apart
 // (rows that share L1 sets) and its results come out transposed; at prefill sizes that ran at 0.4-0.8 TFLOP/s on
@@ -11,31 +12,15 @@
 // order, products of the same bf16 pairs as linear_amx (whose operands it swaps: the products commute), so the
 // two paths give bit-identical values, and blocking the rows or splitting the weight over threads changes no sum.
 #pragma once
-#include "linear.h"
+#include "vector_gemm.h"
 
 #include <memory>
 
 namespace anydraft_native {
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-constexpr int64_t TILE_COLS = 16;     // output columns per weight tile
-constexpr int64_t TILE_DEPTH = 32;    // input columns (bf16) per tile
 constexpr int64_t PANEL_PAIRS = 4;    // pairs of weight tiles a thread takes at once (a 256 KB panel at K = 2048)
 constexpr int64_t CHUNK_GROUPS = 16;  // activation groups of 16 rows kept in L2 while the panels pass over them
-
-// weight [N, K] -> [ceil(N/32) * 2, K/2, 16, 2]: tile (n-block b, depth chunk c) is the 1 KB at (b, 16c); row p of
-// it holds input columns 2p, 2p+1 of the block's 16 output columns. Rows past N are zeros (never stored out).
-inline void pack_weight_tiles(const uint16_t* w, int64_t N, int64_t K, uint16_t* packed) {
-  const int64_t blocks = (N + 31) / 32 * 2;
-  std::memset(packed, 0, blocks * TILE_COLS * K * sizeof(uint16_t));
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      uint32_t* block = reinterpret_cast<uint32_t*>(packed + (n / TILE_COLS) * TILE_COLS * K);
-      const uint32_t* row = reinterpret_cast<const uint32_t*>(w + n * K);
-      for (int64_t p = 0; p < K / 2; ++p) block[p * TILE_COLS + n % TILE_COLS] = row[p];
-    }
-  });
-}
 
 // activations [M, K] (fp32 holding bf16 values) -> bf16 [ceil(M/16), K/32, 16, 32]: one 1 KB tile per (16-row
 // group, depth chunk). Rows past M are left unwritten: the last group's tiles are configured with its rows only.
@@ -68,19 +53,6 @@ inline void prefetch_weight_tiles(const uint16_t* w0, const uint16_t* w1, int64_
   for (int64_t line = 0; line < 512; line += 32) {
     _mm_prefetch(reinterpret_cast<const char*>(w0 + ahead + line), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(w1 + ahead + line), _MM_HINT_T0);
-  }
-}
-
-// rows x 16 fp32 results (+ bias) -> y rows, each rounded to bf16 as float_to_bf16 (NaN kept quiet).
-inline void store_rows(const float* c, int64_t rows, const uint16_t* bias, int64_t n0, int64_t N, float* y) {
-  const int64_t valid_cols = std::min<int64_t>(TILE_COLS, N - n0);
-  if (valid_cols <= 0) return;
-  const __mmask16 valid = (__mmask16)(valid_cols == 16 ? 0xFFFF : (1u << valid_cols) - 1);
-  const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, bias + n0)), 16))
-                        : _mm512_setzero_ps();
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512 out = round_bf16x16(_mm512_add_ps(_mm512_loadu_ps(c + r * 16), b));
-    _mm512_mask_storeu_ps(y + r * N + n0, valid, out);
   }
 }
 
@@ -137,11 +109,11 @@ inline void linear_tiles(const float* x, int64_t M, int64_t K, const uint16_t* p
             _tile_stored(0, c[0], 64);
             _tile_stored(1, c[1], 64);
             float* ya = y + g * 16 * N;
-            store_rows(&c[0][0][0], rows_a, bias, p * 32, N, ya);
-            store_rows(&c[1][0][0], rows_a, bias, p * 32 + 16, N, ya);
+            store_rows(&c[0][0][0], rows_a, 16, bias, p * 32, N, ya);
+            store_rows(&c[1][0][0], rows_a, 16, bias, p * 32 + 16, N, ya);
             if (rows_b) {
-              store_rows(&c[2][0][0], rows_b, bias, p * 32, N, ya + 16 * N);
-              store_rows(&c[3][0][0], rows_b, bias, p * 32 + 16, N, ya + 16 * N);
+              store_rows(&c[2][0][0], rows_b, 16, bias, p * 32, N, ya + 16 * N);
+              store_rows(&c[3][0][0], rows_b, 16, bias, p * 32 + 16, N, ya + 16 * N);
             }
           }
         }
