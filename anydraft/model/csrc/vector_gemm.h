@@ -51,9 +51,12 @@ inline void store_rows(const float* c, int64_t rows, int64_t stride, const uint1
 
 constexpr int VECTOR_ROWS = 8;     // activation rows per register tile
 constexpr int VECTOR_BLOCKS = 3;   // weight blocks of 16 columns per register tile: 24 accumulators
+// The first rows to meet a panel stream it from memory, fetching each block's line this many pairs (64 bytes each)
+// ahead: 5-16% faster at 1-64 rows than the hardware prefetchers alone (A/B in one process, weights from memory).
+constexpr int64_t STREAM_AHEAD = 32;
 
 // R activation rows (bf16 pairs, row stride `pairs`) x C packed blocks (stride 16 * K bf16) -> c [R][C][16] fp32.
-template <int R, int C>
+template <int R, int C, bool STREAM>
 inline void vector_tile(const uint32_t* x, int64_t pairs, const uint16_t* w, int64_t block_stride, float* c) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -61,6 +64,9 @@ inline void vector_tile(const uint32_t* x, int64_t pairs, const uint16_t* w, int
   for (int64_t p = 0; p < pairs; ++p) {
     __m512i wv[C];
     for (int j = 0; j < C; ++j) wv[j] = _mm512_loadu_si512(w + j * block_stride + p * 2 * TILE_COLS);
+    if constexpr (STREAM)   // a prefetch never faults, so the lines past a block's end need no check
+      for (int j = 0; j < C; ++j)
+        _mm_prefetch(reinterpret_cast<const char*>(w + j * block_stride + (p + STREAM_AHEAD) * 2 * TILE_COLS), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       const __m512i xv = _mm512_set1_epi32(int32_t(x[r * pairs + p]));
       for (int j = 0; j < C; ++j) acc[r][j] = dot_step(acc[r][j], xv, wv[j]);
@@ -70,20 +76,20 @@ inline void vector_tile(const uint32_t* x, int64_t pairs, const uint16_t* w, int
     for (int j = 0; j < C; ++j) _mm512_storeu_ps(c + (r * C + j) * TILE_COLS, acc[r][j]);
 }
 
-template <int R>
+template <int R, bool STREAM>
 inline void vector_tile_rows(int rows, int blocks, const uint32_t* x, int64_t pairs, const uint16_t* w,
                              int64_t block_stride, float* c) {
   if (rows == R) {
-    if (blocks == 3) return vector_tile<R, 3>(x, pairs, w, block_stride, c);
-    if (blocks == 2) return vector_tile<R, 2>(x, pairs, w, block_stride, c);
-    return vector_tile<R, 1>(x, pairs, w, block_stride, c);
+    if (blocks == 3) return vector_tile<R, 3, STREAM>(x, pairs, w, block_stride, c);
+    if (blocks == 2) return vector_tile<R, 2, STREAM>(x, pairs, w, block_stride, c);
+    return vector_tile<R, 1, STREAM>(x, pairs, w, block_stride, c);
   }
-  if constexpr (R > 1) vector_tile_rows<R - 1>(rows, blocks, x, pairs, w, block_stride, c);
+  if constexpr (R > 1) vector_tile_rows<R - 1, STREAM>(rows, blocks, x, pairs, w, block_stride, c);
 }
 
 // y [M, N] = bf16(x [M, K] @ w^T + bias), x as fp32 holding bf16 values, w packed by pack_weight_tiles, K even.
 // Threads take panels of VECTOR_BLOCKS weight blocks; each panel meets every activation row, 8 at a time (the
-// panel stays in L2 while the rows pass).
+// first 8 stream it from memory, the others read it from L2).
 inline void linear_vectors(const float* x_f32, int64_t M, int64_t K, const uint16_t* packed, const uint16_t* bias,
                            int64_t N, float* y) {
   const std::vector<uint16_t> xb = to_bf16(x_f32, M * K);
@@ -98,7 +104,8 @@ inline void linear_vectors(const float* x_f32, int64_t M, int64_t K, const uint1
       const uint16_t* w = packed + b0 * TILE_COLS * K;
       for (int64_t m = 0; m < M; m += VECTOR_ROWS) {
         const int rows = int(std::min<int64_t>(VECTOR_ROWS, M - m));
-        vector_tile_rows<VECTOR_ROWS>(rows, width, x + m * pairs, pairs, w, TILE_COLS * K, c);
+        if (m == 0) vector_tile_rows<VECTOR_ROWS, true>(rows, width, x, pairs, w, TILE_COLS * K, c);
+        else vector_tile_rows<VECTOR_ROWS, false>(rows, width, x + m * pairs, pairs, w, TILE_COLS * K, c);
         for (int j = 0; j < width; ++j)
           store_rows(c + j * TILE_COLS, rows, width * TILE_COLS, bias, (b0 + j) * TILE_COLS, N, y + m * N);
       }
