@@ -141,8 +141,8 @@ std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch
 
   std::vector<Best> best(M);
   // best[m]: the best exact logit among the seeds so far (it only rises, so the probe's threshold is at most the
-  // final one); threshold[m]: a row whose bound is more than a bf16 step below it cannot round up to it (K *
-  // FLT_MIN: what flushing denormal partial sums to zero can change).
+  // final one); threshold[m]: a row whose bound is more than a bf16 step below it cannot round up to it (the room
+  // of screen.h's bf16_logit_bound, taken off the threshold here).
   auto set_threshold = [&](int64_t m) {
     for (int t = 0; t < threads; ++t) {
       const Best& s = seeds[M * t + m];

@@ -217,9 +217,6 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
   std::vector<int64_t> seeds(M * threads * 16, -1);
   std::vector<float> threshold(M, -std::numeric_limits<float>::infinity());
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  // A logit is the bf16 rounding of a sum the int8 bound covers: rounding can raise it by |value| / 256, and
-  // flushed denormal partial sums by K * FLT_MIN (as greedy_head's threshold); /64 leaves room.
-  const __m512 denormal = _mm512_set1_ps(float(K) * std::numeric_limits<float>::min());
   // Where the noise ids are the head rows themselves (a target's head), a head block is a noise block: its largest
   // noise is bounded once per block and row m, 16 blocks per vector, before the block's scores are looked at.
   // Mapped ids (a draft's head) fall in many blocks: each lane's block is hashed, and its logs are taken only where
@@ -248,7 +245,7 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
           if (h.screens[m].usable) {
             __m512 score;
             const __m512 logit = block.upper(ints + m * 16, h.screens[m], score);   // >= the fp32 dot
-            const __m512 rounded = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
+            const __m512 rounded = bf16_logit_bound(logit, K);   // >= the bf16 logit
             // / T in float32 (relative error 2^-23 at most, against a 1e-5 relative margin), then the noise's bound
             const __m512 scaled = _mm512_mul_ps(rounded, _mm512_set1_ps(float(invp[m])));
             const __m512 scaled_up = _mm512_fmadd_ps(_mm512_abs_ps(scaled), _mm512_set1_ps(1e-5f), scaled);

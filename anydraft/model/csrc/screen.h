@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 // AMX-INT8 tiles: compiled where -march=native offers them (their tile state is granted by linear.h's amx_ready).
@@ -215,6 +216,14 @@ struct BlockBound {
     return _mm512_add_ps(score, slack);
   }
 };
+
+// A bound on 16 logits' bf16 values from a bound on their fp32 dots (BlockBound::upper): rounding to bf16 can raise
+// a value by |value| / 256 and flushing denormal partial sums to zero by K * FLT_MIN; /64 leaves room. The sampling
+// and top heads raise their bounds by this room; greedy_head lowers its threshold by the same room instead.
+inline __m512 bf16_logit_bound(__m512 dot_bound, int64_t K) {
+  return _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(dot_bound), _mm512_set1_ps(1.f / 64.f), dot_bound),
+                       _mm512_set1_ps(float(K) * std::numeric_limits<float>::min()));
+}
 
 // The head's blocks [b0, b1), each read once and scored for every activation row whose codes are given (A rows):
 // fn(b, n, rows, valid, block, ints), n = 16 b the block's first head row, rows its 16 head rows, valid those below

@@ -45,9 +45,6 @@ std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::T
   std::vector<float> bound(M * probe * 16);
   std::vector<std::vector<Candidate>> candidates(M * threads);
   std::vector<float> threshold(M, std::numeric_limits<float>::infinity());
-  // A logit is the bf16 rounding of a sum the int8 bound covers: rounding can raise it by |value| / 256, and
-  // flushed denormal partial sums by K * FLT_MIN (as the other heads); /64 leaves room.
-  const __m512 denormal = _mm512_set1_ps(float(K) * std::numeric_limits<float>::min());
   auto screen_blocks = [&](int64_t b_begin, int64_t b_end, bool keep_bounds) {
     if (b_begin >= b_end) return;
     at::parallel_for(b_begin, b_end, 256, [&](int64_t b0, int64_t b1) {
@@ -59,7 +56,7 @@ std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::T
           if (h.screens[m].usable) {
             __m512 score;
             const __m512 logit = block.upper(ints + m * 16, h.screens[m], score);
-            upper = _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(logit), _mm512_set1_ps(1.f / 64.f), logit), denormal);
+            upper = bf16_logit_bound(logit, K);
           }
           if (keep_bounds) {
             _mm512_storeu_ps(bound.data() + m * probe * 16 + n, upper);
