@@ -71,23 +71,38 @@ def cutoff_from_top(top: torch.Tensor,   # [B, S, M] the M largest scaled logits
                     vocab_size: int,
                     log_mass: torch.Tensor | None = None,   # [B, S, 1] logsumexp of all: top-p rows without top-k
                     ) -> torch.Tensor | None:               # [B, S, 1]
+    """The cut of every row (cutoff_and_decided), or None where the M largest do not decide it for some row (the
+    caller then passes all V of them, sorted)."""
+    cutoff, decided = cutoff_and_decided(top, top_k, top_p, vocab_size, log_mass)
+    return cutoff if decided is None or bool(decided.all()) else None
+
+
+def cutoff_and_decided(top: torch.Tensor,   # [B, S, M] the M largest scaled logits of each row, descending
+                       top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each, as logits_to_probs
+                       vocab_size: int,
+                       log_mass: torch.Tensor | None = None,   # [B, S, 1] logsumexp of all: top-p rows without top-k
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:   # [B, S, 1] each
     """The smallest scaled logit each row keeps: the k-th largest (top-k), then the last of the smallest prefix of
-    the sorted distribution left whose mass reaches top_p (the mass strictly before a kept token is < top_p). None
-    where the M largest do not decide it for some row (the caller then passes all V of them, sorted)."""
+    the sorted distribution left whose mass reaches top_p (the mass strictly before a kept token is < top_p); and
+    where the M largest decide it (None: all of them are given, M = V). An undecided row's cut is meaningless."""
     batch, seq, _ = top.shape
     selected = top.shape[-1]
     partial = selected < vocab_size
+    decided = torch.ones(batch, seq, 1, dtype=torch.bool, device=top.device) if partial else None
     cutoff = torch.full((batch, seq, 1), float("-inf"), dtype=top.dtype, device=top.device)
     limited = torch.zeros(batch, 1, 1, dtype=torch.bool, device=top.device)   # rows with a top-k cut
     if top_k is not None:
-        k = torch.where(top_k > 0, top_k.clamp(max=vocab_size), vocab_size).long()
         limited = (top_k > 0).view(batch, 1, 1)
-        if partial and bool((k > selected).any()):
-            return None
-        kth_logit = top.gather(-1, (k - 1).view(batch, 1, 1).expand(batch, seq, 1))
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab_size), selected).long().view(batch, 1, 1)
+        if partial:
+            decided &= k <= selected
+        # A row without a top-k cut keeps every token: its k-th logit is -inf (a top-p row beside top-k rows is
+        # then decided here too, not by a sort of the vocabulary).
+        kth_logit = top.gather(-1, (k.clamp(max=selected) - 1).expand(batch, seq, 1))
+        kth_logit = kth_logit.masked_fill(~limited, float("-inf"))
         # Tokens tied with the k-th past the selection would count in the mass top-p divides by.
-        if partial and top_p is not None and bool((limited & (top[..., -1:] >= kth_logit)).any()):
-            return None
+        if partial and top_p is not None:
+            decided &= ~(limited & (top[..., -1:] >= kth_logit))
         top = top.masked_fill(top < kth_logit, float("-inf"))
         cutoff = kth_logit
     if top_p is not None:
@@ -101,12 +116,12 @@ def cutoff_from_top(top: torch.Tensor,   # [B, S, M] the M largest scaled logits
         sorted_probs = (top - log_mass).exp().nan_to_num_(nan=0.0)                  # [B, S, M]
         mass_before = torch.nn.functional.pad(sorted_probs.cumsum(dim=-1)[..., :-1], (1, 0))
         num_kept = (mass_before < top_p_b).sum(dim=-1, keepdim=True).clamp(min=1)
-        if partial and bool(((num_kept == selected) & (top_p_b < 1.0)).any()):   # the nucleus may go on past them
-            return None
+        if partial:   # the nucleus may go on past them
+            decided &= ~((num_kept == selected) & (top_p_b < 1.0))
         top_p_logit = top.gather(-1, num_kept - 1)
         top_p_logit = torch.where(top_p_b >= 1.0, float("-inf"), top_p_logit)
         cutoff = torch.maximum(cutoff, top_p_logit)
-    return cutoff
+    return cutoff, decided
 
 
 def logits_to_probs(logits: torch.Tensor,                # [B, S, V]

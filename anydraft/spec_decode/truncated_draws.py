@@ -1,27 +1,35 @@
 """Top-k / top-p draws on the native head: the cut logits_to_probs makes, then Gumbel-max over what it keeps.
 
-A request with a top-k cut keeps at most k tokens, so where every row has one its draw needs only the head's k
-largest exact logits (NativeHead.top, screened like the greedy token) instead of every logit, a sort and a softmax
-over the vocabulary. Other cuts (top-p alone: the nucleus is a share of the whole mass) take every logit from the
-native head. Either way the cut is the one logits_to_probs makes (sampling.cutoff_from_top: top-k, then top-p on
-what is left, ties at the boundary kept), and the draw is argmax over the kept tokens of logit / T + the noise the
-native sampling head gives each id under the step's key: a Gumbel-max restricted to the kept set, so exactly the
-cut softmax, and keyed like every native draw (a seeded request draws the same tokens whatever k and batch; coupled
-drafts still apply). Where ties with the last selected logit may go on past the selection, every logit is taken.
+A request with a top-k cut keeps at most k tokens, so its draw needs only the head's k largest exact logits
+(NativeHead.top, screened like the greedy token) instead of every logit, a sort and a softmax over the vocabulary. A
+nucleus without a top-k cut (top-p alone) is a share of the whole mass: the largest TOP_SELECTED logits give the
+vocabulary's log-mass to within a bound (every other row's logit is at most the smallest selected), and where both
+ends of that bound keep the same tokens, so does the exact mass. Either way the cut is the one logits_to_probs makes
+(sampling.cutoff_and_decided: top-k, then top-p on what is left, ties at the boundary kept),
+and the draw is argmax over the kept tokens of logit / T + the noise the native sampling head gives each id under
+the step's key: a Gumbel-max restricted to the kept set, so exactly the cut softmax, and keyed like every native
+draw (a seeded request draws the same tokens whatever k and batch; coupled drafts still apply). A position the
+selection does not decide (a cut past it, ties with its last logit that may go on past it, a mass bound too loose:
+a flat distribution) draws by the same rule over every logit; the others still draw from the selection.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .sampling import TOP_SELECTED, cutoff_from_top, cutoff_of
+from .sampling import TOP_SELECTED, cutoff_and_decided, cutoff_of
 
 TIE_ROOM = 32
+# Room on each side of the log-mass bound: the exact path sums the vocabulary in float64 (rounding ~1e-15), and a
+# cut decided 1e-9 apart from either end is decided for every rounding of the sum in between.
+MASS_ROOM = 1e-9
 
 
-def draws_from_top(top_k_max: int) -> bool:
-    """Whether draws with these cuts go through the k largest logits: every row has a top-k cut, at most
-    TOP_SELECTED (SamplingBatch.top_k_max; 0 = some row has none)."""
-    return 0 < top_k_max <= TOP_SELECTED
+def selection_size(top_k_max: int, num_rows: int) -> int:
+    """How many of the largest logits a draw selects first: the largest top-k cut where every row has one
+    (SamplingBatch.top_k_max, up to TOP_SELECTED), else TOP_SELECTED for the nucleus's mass bound; room for ties."""
+    return min((min(top_k_max, TOP_SELECTED) or TOP_SELECTED) + TIE_ROOM, num_rows)
 
 
 def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
@@ -31,21 +39,47 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
                    top_p: torch.Tensor | None,    # [B]; None: no row cuts by top-p
                    top_k_max: int,                # host: SamplingBatch.top_k_max
                    ) -> torch.Tensor:             # [B, S] head rows
-    """Each position's token drawn from softmax(logits / T) cut to the row's top-k / top-p set (see the module)."""
-    if not draws_from_top(top_k_max):
-        return _draw_over_all_logits(runner, hidden, temperature, keys, top_k, top_p)
-    batch, seq = hidden.shape[:2]
+    """Each position's token drawn from softmax(logits / T) cut to the row's top-k / top-p set (see the module):
+    from the largest logits where they decide the cut, else (those positions only) from every logit."""
+    batch, seq, width = hidden.shape
     num_rows = runner.num_token_rows
-    # Past the largest cut, room for ties with it (bf16 logits tie often: 8 bits of mantissa), which the cut keeps.
-    selected = min(top_k_max + TIE_ROOM, num_rows)
-    values, rows = runner.native_head.top(hidden, num_rows, selected)                 # [B, S, k+1] each
-    scaled = values.double() / temperature.to(torch.float64).view(batch, 1, 1)        # [B, S, k+1]
-    cutoff = cutoff_from_top(scaled, top_k, top_p, num_rows)                          # [B, S, 1]
-    if cutoff is None or (selected < num_rows and bool((scaled[..., -1:] >= cutoff).any())):
-        return _draw_over_all_logits(runner, hidden, temperature, keys, top_k, top_p)
+    selected = selection_size(top_k_max, num_rows)
+    values, rows = runner.native_head.top(hidden, num_rows, selected)                 # [B, S, M] each
+    scaled = values.double() / temperature.to(torch.float64).view(batch, 1, 1)        # [B, S, M]
+    cutoff, decided = _cutoff_within_mass_bound(scaled, top_k, top_p, num_rows)       # [B, S, 1] each
     noise = runner.native_head.noise(keys.reshape(-1), rows.reshape(batch * seq, -1)).view_as(scaled)
-    perturbed = (scaled + noise).masked_fill(scaled < cutoff, float("-inf"))           # [B, S, k+1]
-    return rows.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    perturbed = (scaled + noise).masked_fill(scaled < cutoff, float("-inf"))           # [B, S, M]
+    drawn = rows.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)        # [B, S]
+    if decided is None:   # the selection is every row
+        return drawn
+    # Ties with the smallest selected logit may go on past the selection: the cut keeps them all.
+    undecided = (~decided | (scaled[..., -1:] >= cutoff)).view(-1)                      # [B * S]
+    if bool(undecided.any()):
+        at = undecided.nonzero().squeeze(-1)                                            # [N]
+
+        def per_position(row_values: torch.Tensor | None) -> torch.Tensor | None:   # [B] -> [N]
+            return None if row_values is None else row_values.repeat_interleave(seq)[at]
+        drawn.view(-1)[at] = _draw_over_all_logits(
+            runner, hidden.reshape(-1, 1, width)[at], per_position(temperature), keys.reshape(-1, 1)[at],
+            per_position(top_k), per_position(top_p)).view(-1)
+    return drawn
+
+
+def _cutoff_within_mass_bound(scaled: torch.Tensor,   # [B, S, M] the M largest scaled logits, descending
+                              top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each
+                              num_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:   # [B, S, 1] each
+    """Each row's cut and whether the selection decides it (sampling.cutoff_and_decided), where a row without a
+    top-k cut divides by the vocabulary's mass, known only between the selection's own (a lower bound) and that plus
+    every other row at the selection's smallest logit (an upper bound): a larger mass keeps a longer prefix, so where
+    both ends keep the same one, the exact mass does too."""
+    selection_mass = torch.logsumexp(scaled, dim=-1, keepdim=True)                       # [B, S, 1]
+    rest = num_rows - scaled.shape[-1]
+    low, decided = cutoff_and_decided(scaled, top_k, top_p, num_rows, selection_mass - MASS_ROOM)
+    if rest <= 0 or top_p is None:   # the mass is exact, or no row divides by it
+        return low, decided
+    upper = torch.logaddexp(selection_mass, scaled[..., -1:] + math.log(rest))
+    high, decided_high = cutoff_and_decided(scaled, top_k, top_p, num_rows, upper + MASS_ROOM)
+    return low, decided & decided_high & (low == high)
 
 
 def _draw_over_all_logits(runner, hidden: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor,

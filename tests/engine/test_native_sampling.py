@@ -2,8 +2,8 @@
 token and the token of every step that drafts nothing (the target alone) with ModelRunner.sample_ids, never computing
 the logits; those tokens follow the exact softmax of the target's bf16 logits (chi-square, negative control: a wrong
 temperature is rejected); seeded requests reproduce whatever their batch. A top-k cut on every row draws from the
-head's k largest logits, top-p alone from all of them (truncated_draws: the cut softmax, a control rejects the uncut
-one).
+head's k largest logits, top-p alone from its largest logits where a bound on the rest's mass decides the cut, else
+from all of them (truncated_draws: the cut softmax, a control rejects the uncut one).
 With a TLI draft on native kernels too, draws are coupled (Engine._couple): the draft draws with the target's noise
 per target id, a draft is accepted iff it equals the target's draw; the verified tokens still follow the exact law."""
 from __future__ import annotations
@@ -121,12 +121,12 @@ def test_seeded_requests_reproduce_whatever_their_batch(llm):
     assert len({tuple(t) for t in alone}) == 2
 
 
-def test_top_p_alone_draws_over_every_logit_natively(llm, target, monkeypatch):
-    """A nucleus without a top-k cut is a share of the whole mass: the draw takes every logit (not the k largest),
-    cuts them as logits_to_probs does and draws with the native noise, without probabilities; the first token fits
-    the nucleus's distribution (chi-square), and the same test rejects the uncut softmax (a control)."""
+def test_top_p_alone_draws_from_the_nucleus_natively(llm, target, monkeypatch):
+    """A nucleus without a top-k cut is a share of the whole mass: a position draws from the head's largest logits
+    where they and a bound on the rest's mass decide the cut, else from every logit (truncated_draws), without
+    probabilities either way; the first token fits the nucleus's distribution (chi-square), and the same test
+    rejects the uncut softmax (a control)."""
     import anydraft.engine as engine_module
-    monkeypatch.setattr(llm.target.native_head, "top", lambda *a: pytest.fail("top-p alone took the k largest"))
     monkeypatch.setattr(engine_module, "logits_to_probs", lambda *a, **k: pytest.fail("the PyTorch path ran"))
     top_p = 0.9
     first = [o.outputs[0].token_ids[0] for o in llm.generate(
@@ -137,6 +137,31 @@ def test_top_p_alone_draws_over_every_logit_natively(llm, target, monkeypatch):
     assert int((cut > 0).sum()) >= 3 and cut.max() < 0.8   # a nucleus of several tokens
     assert _p_value(first, cut) > P_VALUE_MIN
     assert _p_value(first, _exact_probs(target, prompt_ids, TEMPERATURE)) < P_VALUE_MIN   # control: no cut
+
+
+def test_a_nucleus_the_mass_bound_decides_draws_as_over_every_logit(llm, monkeypatch):
+    """Where the largest logits and the mass bound decide a top-p cut, the draw from them is the draw over every logit:
+    the same tokens when no position is decided (each then takes every logit). Some positions are decided (a peaked
+    softmax at a low temperature), some not (a flat one), and rows of both kinds and top-k rows share batches."""
+    import anydraft.spec_decode.truncated_draws as truncated_draws
+    settings = [(0.2, 0.9, 0), (0.3, 0.95, 0), (0.5, 0.8, 5), (1.5, 0.5, 0)] * 16
+    params = [SamplingParams(temperature=t, top_p=p, top_k=k, max_tokens=6, seed=90_000 + i, ignore_eos=True)
+              for i, (t, p, k) in enumerate(settings)]
+    decided = []
+    bound = truncated_draws._cutoff_within_mass_bound
+
+    def counted(*args):
+        cutoff, mask = bound(*args)
+        decided.append((int(mask.sum()), mask.numel()))
+        return cutoff, mask
+    monkeypatch.setattr(truncated_draws, "_cutoff_within_mass_bound", counted)
+    native = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)]
+    positions = sum(n for _, n in decided)
+    print(f"\n[nucleus] decided by the selection: {sum(d for d, _ in decided)} of {positions} positions")
+    assert 0 < sum(d for d, _ in decided) < positions
+    monkeypatch.setattr(truncated_draws, "_cutoff_within_mass_bound",
+                        lambda *args: (bound(*args)[0], torch.zeros_like(bound(*args)[1])))
+    assert [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)] == native
 
 
 def _truncated_probs(target, token_ids: list[int], temperature: float, top_k: int, top_p: float) -> torch.Tensor:
