@@ -86,11 +86,17 @@ class NativeHead:
                                             self.slack_q, self.slack_h, num_rows,
                                             1.0 / temperature.to(torch.float64), keys, ids, floor)
 
-    def top(self, hidden: torch.Tensor, num_rows: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def top(self, hidden: torch.Tensor, num_rows: int, k: int, temperature: torch.Tensor | None = None,   # [M]
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The k largest of logits(hidden)[..., :num_rows] and their rows ([..., k] float holding bf16 values,
-        [..., k] long), the larger first, the lower row on ties: what a top-k cut keeps, screened as greedy()."""
-        return self.extension.top_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
-                                       self.slack_q, self.slack_h, num_rows, k)
+        [..., k] long), the larger first, the lower row on ties: what a top-k cut keeps, screened as greedy(). Given
+        each activation row's temperature, also [...] float64: a bound >= log of the sum of exp(logit / T) over the
+        other rows below num_rows (the screen's bounds where it left a row out, exact values where it computed one)."""
+        inv_temperature = (torch.empty(0, dtype=torch.float64) if temperature is None
+                           else 1.0 / temperature.to(torch.float64))
+        values, rows, tail = self.extension.top_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
+                                                     self.slack_q, self.slack_h, num_rows, k, inv_temperature)
+        return values, rows, (None if temperature is None else tail)
 
     def noise(self, keys: torch.Tensor,   # [M] int64
               ids: torch.Tensor,          # [M, n] int64 noise ids

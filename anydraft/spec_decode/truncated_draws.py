@@ -2,9 +2,9 @@
 
 A request with a top-k cut keeps at most k tokens, so its draw needs only the head's k largest exact logits
 (NativeHead.top, screened like the greedy token) instead of every logit, a sort and a softmax over the vocabulary. A
-nucleus without a top-k cut (top-p alone) is a share of the whole mass: the largest TOP_SELECTED logits give the
-vocabulary's log-mass to within a bound (every other row's logit is at most the smallest selected), and where both
-ends of that bound keep the same tokens, so does the exact mass. Either way the cut is the one logits_to_probs makes
+nucleus without a top-k cut (top-p alone) is a share of the whole mass: the largest TOP_SELECTED logits and the
+head's bound on the rest's mass (the int8 screen's bounds of the rows it left out) give the vocabulary's log-mass
+to within a bound, and where both ends of it keep the same tokens, so does the exact mass. Either way the cut is the one logits_to_probs makes
 (sampling.cutoff_and_decided: top-k, then top-p on what is left, ties at the boundary kept),
 and the draw is argmax over the kept tokens of logit / T + the noise the native sampling head gives each id under
 the step's key: a Gumbel-max restricted to the kept set, so exactly the cut softmax, and keyed like every native
@@ -13,8 +13,6 @@ selection does not decide (a cut past it, ties with its last logit that may go o
 a flat distribution) draws by the same rule over every logit; the others still draw from the selection.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -44,9 +42,13 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
     batch, seq, width = hidden.shape
     num_rows = runner.num_token_rows
     selected = selection_size(top_k_max, num_rows)
-    values, rows = runner.native_head.top(hidden, num_rows, selected)                 # [B, S, M] each
+    # The rest's mass only where a row divides by the vocabulary's: top-p without top-k.
+    needs_mass = top_p is not None and top_k_max == 0
+    values, rows, rest_mass = runner.native_head.top(hidden, num_rows, selected,
+                                                     temperature.repeat_interleave(seq) if needs_mass else None)
     scaled = values.double() / temperature.to(torch.float64).view(batch, 1, 1)        # [B, S, M]
-    cutoff, decided = _cutoff_within_mass_bound(scaled, top_k, top_p, num_rows)       # [B, S, 1] each
+    cutoff, decided = cutoff_within_mass_bound(scaled, top_k, top_p, num_rows,
+                                               None if rest_mass is None else rest_mass[..., None])   # [B, S, 1] each
     noise = runner.native_head.noise(keys.reshape(-1), rows.reshape(batch * seq, -1)).view_as(scaled)
     perturbed = (scaled + noise).masked_fill(scaled < cutoff, float("-inf"))           # [B, S, M]
     drawn = rows.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)        # [B, S]
@@ -65,19 +67,20 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
     return drawn
 
 
-def _cutoff_within_mass_bound(scaled: torch.Tensor,   # [B, S, M] the M largest scaled logits, descending
-                              top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each
-                              num_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:   # [B, S, 1] each
+def cutoff_within_mass_bound(scaled: torch.Tensor,   # [B, S, M] the M largest scaled logits, descending
+                             top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each
+                             num_rows: int,
+                             rest_log_mass: torch.Tensor | None,   # [B, S, 1] >= log sum exp of the other rows
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:   # [B, S, 1] each
     """Each row's cut and whether the selection decides it (sampling.cutoff_and_decided), where a row without a
     top-k cut divides by the vocabulary's mass, known only between the selection's own (a lower bound) and that plus
-    every other row at the selection's smallest logit (an upper bound): a larger mass keeps a longer prefix, so where
-    both ends keep the same one, the exact mass does too."""
+    the rest's bound (an upper one): a larger mass keeps a longer prefix, so where both ends keep the same one, the
+    exact mass does too. rest_log_mass None: no row divides by the vocabulary's mass (or the selection is all)."""
     selection_mass = torch.logsumexp(scaled, dim=-1, keepdim=True)                       # [B, S, 1]
-    rest = num_rows - scaled.shape[-1]
     low, decided = cutoff_and_decided(scaled, top_k, top_p, num_rows, selection_mass - MASS_ROOM)
-    if rest <= 0 or top_p is None:   # the mass is exact, or no row divides by it
+    if rest_log_mass is None or top_p is None:
         return low, decided
-    upper = torch.logaddexp(selection_mass, scaled[..., -1:] + math.log(rest))
+    upper = torch.logaddexp(selection_mass, rest_log_mass)
     high, decided_high = cutoff_and_decided(scaled, top_k, top_p, num_rows, upper + MASS_ROOM)
     return low, decided & decided_high & (low == high)
 

@@ -148,18 +148,18 @@ def test_a_nucleus_the_mass_bound_decides_draws_as_over_every_logit(llm, monkeyp
     params = [SamplingParams(temperature=t, top_p=p, top_k=k, max_tokens=6, seed=90_000 + i, ignore_eos=True)
               for i, (t, p, k) in enumerate(settings)]
     decided = []
-    bound = truncated_draws._cutoff_within_mass_bound
+    bound = truncated_draws.cutoff_within_mass_bound
 
     def counted(*args):
         cutoff, mask = bound(*args)
         decided.append((int(mask.sum()), mask.numel()))
         return cutoff, mask
-    monkeypatch.setattr(truncated_draws, "_cutoff_within_mass_bound", counted)
+    monkeypatch.setattr(truncated_draws, "cutoff_within_mass_bound", counted)
     native = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)]
     positions = sum(n for _, n in decided)
     print(f"\n[nucleus] decided by the selection: {sum(d for d, _ in decided)} of {positions} positions")
     assert 0 < sum(d for d, _ in decided) < positions
-    monkeypatch.setattr(truncated_draws, "_cutoff_within_mass_bound",
+    monkeypatch.setattr(truncated_draws, "cutoff_within_mass_bound",
                         lambda *args: (bound(*args)[0], torch.zeros_like(bound(*args)[1])))
     assert [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)] == native
 

@@ -5,6 +5,8 @@ its draws are distributed as softmax(logits / T) (chi-square, with negative cont
 noise law are rejected by the same test)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -139,12 +141,35 @@ def test_top_is_the_k_largest_logits_ties_to_the_lower_row(rows, k, hidden_scale
     head = _head(rows, seed=rows)
     hidden = (torch.randn(7, 128, generator=torch.Generator().manual_seed(k)) * hidden_scale).bfloat16()
     hidden[6] = float("nan")
-    values, top_rows = head.top(hidden, rows - 3, k)
+    values, top_rows, no_mass = head.top(hidden, rows - 3, k)
+    assert no_mass is None
     logits = head.logits(hidden)[:, :rows - 3].float()
     for m in range(6):
         order = sorted(range(rows - 3), key=lambda n: (-float(logits[m, n]), n))[:k]
         assert top_rows[m].tolist() == order and torch.equal(values[m], logits[m, order])
     assert top_rows[6].shape == (k,) and (top_rows[6] < rows - 3).all()
+
+
+@pytest.mark.parametrize("rows, k, hidden_scale, screened", [(5000, 20, 4.0, True), (5000, 20, 20.0, True),
+                                                              (20000, 288, 3.0, False), (3000, 1, 0.0, False)])
+def test_top_bounds_the_mass_of_the_other_rows(rows, k, hidden_scale, screened):
+    """NativeHead.top given temperatures: a bound >= log sum exp(logit / T) over the rows below num_rows that are not
+    among the k, within a factor of 4 of it at screened rows (2 for the power of two, room for the screen's slack);
+    exact where every row was computed (a flat screen: hidden 0) or the screen unusable (non-finite input)."""
+    head = _head(rows, seed=rows + 1)
+    hidden = (torch.randn(8, 128, generator=torch.Generator().manual_seed(k + 1)) * hidden_scale).bfloat16()
+    hidden[7] = float("nan") if hidden_scale else 0.0
+    temperature = torch.tensor([0.3, 0.6, 0.7, 1.0, 1.5, 2.0, 0.7, 0.7], dtype=torch.float64)
+    values, top_rows, rest = head.top(hidden, rows - 3, k, temperature)
+    logits = head.logits(hidden)[:, :rows - 3].double()
+    looser = 0
+    for m in range(7):
+        others = torch.ones(rows - 3, dtype=torch.bool)
+        others[top_rows[m]] = False
+        exact = torch.logsumexp(logits[m, others] / temperature[m], dim=0).item()
+        assert exact - 1e-9 <= rest[m].item() <= exact + math.log(4), (m, exact, rest[m].item())
+        looser += rest[m].item() > exact + 1e-6
+    assert bool(looser) == screened   # bounds where the screen left rows out; exact where every row was computed
 
 
 @pytest.mark.parametrize("temperature", [0.5, 2.0])

@@ -1,12 +1,14 @@
-"""The top-p cut from the largest logits and a bound on the vocabulary's mass (truncated_draws), on hand-made logits:
-where it decides, it is the cut over every logit (sampling.cutoff_of); where it cannot, it says so."""
+"""The top-p cut from the largest logits and a bound on the rest's mass (truncated_draws), on hand-made logits: where
+it decides, it is the cut over every logit (sampling.cutoff_of); where it cannot, it says so."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from anydraft.spec_decode.sampling import cutoff_and_decided, cutoff_from_top, cutoff_of
-from anydraft.spec_decode.truncated_draws import _cutoff_within_mass_bound
+from anydraft.spec_decode.sampling import cutoff_from_top, cutoff_of
+from anydraft.spec_decode.truncated_draws import cutoff_within_mass_bound
 
 VOCAB = 20_000
 SELECTED = 288
@@ -20,10 +22,26 @@ def _scaled_logits(rows: int, lead: float, seed: int, temperature: float = 0.7) 
     return logits.to(torch.bfloat16).double() / temperature
 
 
-def _bounded(scaled: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor) -> list:
-    """Each row's cut from its SELECTED largest logits and the mass bound, None where it is not decided."""
-    cutoff, decided = _cutoff_within_mass_bound(scaled.topk(SELECTED, dim=-1).values, top_k, top_p, VOCAB)
+def _rest_log_mass(scaled: torch.Tensor, kind: str) -> torch.Tensor:   # [rows, 1, 1]
+    """A bound on the log-mass past the SELECTED largest: every other row at the smallest selected ("coarse"), the
+    exact mass ("exact", as tight as a bound gets), or none at all ("none": not a bound, the control)."""
+    ranked = scaled.sort(dim=-1, descending=True).values
+    if kind == "coarse":
+        return ranked[..., SELECTED - 1:SELECTED] + math.log(VOCAB - SELECTED)
+    if kind == "exact":
+        return torch.logsumexp(ranked[..., SELECTED:], dim=-1, keepdim=True)
+    return torch.full_like(ranked[..., :1], float("-inf"))
+
+
+def _bounded(scaled: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, kind: str) -> list:
+    """Each row's cut from its SELECTED largest logits and the rest's bound, None where it is not decided."""
+    cutoff, decided = cutoff_within_mass_bound(scaled.topk(SELECTED, dim=-1).values, top_k, top_p, VOCAB,
+                                               _rest_log_mass(scaled, kind))
     return [cutoff[i:i + 1] if decided[i] else None for i in range(len(cutoff))]
+
+
+def _agree(bounded: list, exact: torch.Tensor) -> list[bool]:
+    return [cut is not None and torch.equal(cut, exact[i:i + 1]) for i, cut in enumerate(bounded)]
 
 
 @pytest.mark.parametrize("top_p", [0.5, 0.8, 0.9, 0.95])
@@ -31,23 +49,26 @@ def test_a_cut_the_bound_decides_is_the_cut_over_every_logit(top_p):
     scaled = _scaled_logits(200, lead=20.0, seed=int(top_p * 100))
     top_ps = torch.full((200,), top_p, dtype=torch.float64)
     exact = cutoff_of(scaled, None, top_ps)                                                   # [200, 1, 1]
-    bounded = _bounded(scaled, None, top_ps)
+    bounded = _bounded(scaled, None, top_ps, "coarse")
     decided = [i for i, cut in enumerate(bounded) if cut is not None]
-    assert len(decided) >= 170, len(decided)   # a clear lead: the tail's mass rarely matters
-    assert all(torch.equal(bounded[i], exact[i:i + 1]) for i in decided)
+    assert len(decided) >= 170, len(decided)   # a clear lead: even a coarse bound rarely matters
+    assert sum(_agree(bounded, exact)) == len(decided)
 
 
-def test_a_flat_row_is_left_undecided_never_cut_wrongly():
+def test_a_flat_row_under_a_coarse_bound_is_left_undecided_never_cut_wrongly():
     scaled = _scaled_logits(100, lead=10.0, seed=7)
     top_ps = torch.full((100,), 0.9, dtype=torch.float64)
     exact = cutoff_of(scaled, None, top_ps)
-    bounded = _bounded(scaled, None, top_ps)
-    assert sum(cut is None for cut in bounded) >= 50   # the tail's mass could move the cut: every logit is needed
-    assert all(torch.equal(cut, exact[i:i + 1]) for i, cut in enumerate(bounded) if cut is not None)
+    coarse = _bounded(scaled, None, top_ps, "coarse")
+    assert sum(cut is None for cut in coarse) >= 50   # the tail's mass could move the cut: every logit is needed
+    assert sum(_agree(coarse, exact)) == sum(cut is not None for cut in coarse)
+    # The tightest upper bound (the rest's exact mass) decides more rows, rightly; the rest are those whose cut the
+    # rest's own mass could move (the lower end is the selection's mass).
+    tight = _bounded(scaled, None, top_ps, "exact")
+    assert sum(_agree(tight, exact)) == sum(cut is not None for cut in tight) > sum(cut is not None for cut in coarse)
     # Control: the selection's own mass taken as the vocabulary's (no bound) cuts some of these rows wrongly.
-    top = scaled.topk(SELECTED, dim=-1).values
-    unbounded, _ = cutoff_and_decided(top, None, top_ps, VOCAB, torch.logsumexp(top, dim=-1, keepdim=True))
-    assert int((unbounded != exact).sum()) >= 10
+    unbounded = _bounded(scaled, None, top_ps, "none")
+    assert sum(cut is not None and not torch.equal(cut, exact[i:i + 1]) for i, cut in enumerate(unbounded)) >= 10
 
 
 def test_rows_with_and_without_top_k_in_one_batch():
@@ -56,10 +77,10 @@ def test_rows_with_and_without_top_k_in_one_batch():
     top_k = torch.tensor([0, 5, 20, 0] * 16)
     top_p = torch.tensor([0.9, 0.8, 0.95, 1.0] * 16, dtype=torch.float64)
     exact = cutoff_of(scaled, top_k, top_p)
-    bounded = _bounded(scaled, top_k, top_p)
+    bounded = _bounded(scaled, top_k, top_p, "coarse")
     decided = [i for i, cut in enumerate(bounded) if cut is not None]
     assert {i % 4 for i in decided} == {0, 1, 2, 3}
-    assert all(torch.equal(bounded[i], exact[i:i + 1]) for i in decided)
+    assert sum(_agree(bounded, exact)) == len(decided)
     assert all(bounded[i] is not None for i in range(64) if i % 4 in (1, 2, 3))   # exact masses: always decided
     # Rows with a top-k cut alone: the batch's cut, decided everywhere, without any mass.
     top = scaled.topk(SELECTED, dim=-1).values

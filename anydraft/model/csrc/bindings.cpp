@@ -21,9 +21,9 @@ torch::Tensor sampling_head(torch::Tensor hidden, torch::Tensor weight, torch::T
                             torch::Tensor inv_temperature, torch::Tensor keys, torch::Tensor noise_ids,
                             torch::Tensor floors);
 torch::Tensor head_noise(torch::Tensor keys, torch::Tensor ids);
-std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks,
-                                                  torch::Tensor row_scale, torch::Tensor q_sum, torch::Tensor slack_q,
-                                                  torch::Tensor slack_h, int64_t num_rows, int64_t k);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
+    torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale, torch::Tensor q_sum,
+    torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows, int64_t k, torch::Tensor inv_temperature);
 
 bool matmul_uses_amx(int64_t K);
 bool screen_uses_amx_tiles(int64_t rows);
@@ -40,5 +40,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");
   m.def("sampling_head", &sampling_head, "exact Gumbel-max draw from softmax(head_logits / T), screened likewise");
   m.def("head_noise", &head_noise, "the sampling head's float64 noise of each (key, id): keys [M], ids [M, n]");
-  m.def("top_head", &top_head, "the k largest head_logits (values, rows) per activation row, screened likewise");
+  m.def("top_head", &top_head, "the k largest head_logits (values, rows) per activation row, screened likewise, and given temperatures a bound on the log-mass of the rest");
 }

@@ -5,6 +5,10 @@
 // Values are head_logits' (bf16 rounding of the same dot products), so the top k equal a sort of the full logits'
 // (the larger value first, the lower row on ties). A row whose screen is unusable (non-finite input), or whose
 // candidates pass num_rows / 16 (a flat screen), is computed over every head row.
+// Given temperatures, also a bound on the mass the k leave out: log of a sum >= sum of exp(logit / T) over every
+// other row below num_rows (what a top-p cut without top-k divides by, beside the k's own mass). A row the screen
+// left out counts at its bound, raised to a power of two (2^ceil of its log2, one VSCALEFPS a block); a row
+// computed exactly, at its value.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -23,6 +27,14 @@ namespace {
 
 constexpr int64_t CANDIDATE_FRACTION = 16;
 
+// Per lane: 2^ceil((bound - reference) * scale) with scale = log2(e) / T, >= exp((bound - reference) / T) for a
+// bound below the reference (the log2 raised by 2^-10 of itself and of 1 first: room for the float product).
+inline __m512 mass_bound(__m512 bound, __m512 reference, __m512 scale) {
+  const __m512 log2 = _mm512_mul_ps(_mm512_sub_ps(bound, reference), scale);
+  const __m512 raised = _mm512_fmadd_ps(log2, _mm512_set1_ps(1.f - 1.f / 1024), _mm512_set1_ps(1.f / 1024));
+  return _mm512_scalef_ps(_mm512_set1_ps(1.f), _mm512_roundscale_ps(raised, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+}
+
 struct Ranked {   // an exact logit and its head row: the larger value first, the lower row on ties
   float value;
   int64_t row;
@@ -32,14 +44,23 @@ struct Ranked {   // an exact logit and its head row: the larger value first, th
 }  // namespace
 
 // The k largest of head_logits(hidden, weight)[..., :num_rows] per activation row: (values [M, k] float, rows
-// [M, k] int64), in rank order. k <= num_rows. The screen's tensors as greedy_head.
-std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks,
-                                                  torch::Tensor row_scale, torch::Tensor q_sum, torch::Tensor slack_q,
-                                                  torch::Tensor slack_h, int64_t num_rows, int64_t k) {
+// [M, k] int64), in rank order, and with inv_temperature [M] float64 (else empty) the left-out mass bound [M] float64
+// (log, in logit / T units; else empty). k <= num_rows. The screen's tensors as greedy_head.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
+    torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale, torch::Tensor q_sum,
+    torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows, int64_t k, torch::Tensor inv_temperature) {
   TORCH_CHECK(k > 0 && k <= num_rows, "top_head: need 0 < k <= num_rows");
   const HeadScreen h(hidden, weight, q_blocks, row_scale, q_sum, slack_q, slack_h, num_rows, "top_head");
   const int64_t M = h.M, K = h.K, blocks = h.blocks;
   const int threads = at::get_num_threads();
+  const bool mass = inv_temperature.numel() > 0;
+  TORCH_CHECK(!mass || (inv_temperature.scalar_type() == at::kDouble && inv_temperature.numel() == M),
+              "top_head: inv_temperature must be float64 with one value per activation row, or empty");
+  const torch::Tensor inv_temperature_c = inv_temperature.contiguous();
+  const double* inv_t = mass ? inv_temperature_c.data_ptr<double>() : nullptr;
+  std::vector<float> scale(M);   // log2(e) / T per activation row
+  for (int64_t m = 0; m < M && mass; ++m) scale[m] = float(inv_t[m] * 1.4426950408889634);
+  std::vector<float> left_out(mass ? threads * M * 16 : 0, 0.f);   // per thread and row: 16 lanes of mass bounds
   const int64_t probe = h.probe_blocks();
   const int64_t probed = std::min(probe * 16, num_rows);
   std::vector<float> bound(M * probe * 16);
@@ -63,6 +84,11 @@ std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::T
           } else {
             const __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
             if (open) keep_open(open, upper, n, candidates[M * t + m]);
+            if (mass) {   // the rows left out here count at their bounds (candidates at their exact values, below)
+              float* acc = left_out.data() + (int64_t(t) * M + m) * 16;
+              const __m512 bounded = mass_bound(upper, _mm512_set1_ps(threshold[m]), _mm512_set1_ps(scale[m]));
+              _mm512_storeu_ps(acc, _mm512_mask_add_ps(_mm512_loadu_ps(acc), __mmask16(valid & ~open), _mm512_loadu_ps(acc), bounded));
+            }
           }
         }
       });
@@ -92,8 +118,35 @@ std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::T
 
   auto values = torch::empty({M, k}, hidden.options().dtype(at::kFloat));
   auto rows_out = torch::empty({M, k}, hidden.options().dtype(at::kLong));
+  auto tail = torch::empty({mass ? M : 0}, hidden.options().dtype(at::kDouble));
   float* vp = values.data_ptr<float>();
   int64_t* rp = rows_out.data_ptr<int64_t>();
+  double* tp = tail.data_ptr<double>();
+  // log of: the rows computed exactly past the k, at their values; unless every row was, the probe's rows that did
+  // not stand and the rows the screen left out, at their bounds (relative to the threshold); room for the float sums.
+  auto left_out_mass = [&](int64_t m, const std::vector<Ranked>& all, bool every_row_exact) {
+    const double reference = every_row_exact ? double(all[k - 1].value) : double(threshold[m]);
+    double sum = 0;
+    for (size_t i = k; i < all.size(); ++i) sum += std::exp((double(all[i].value) - reference) * inv_t[m]);
+    if (!every_row_exact) {
+      __m512 lanes = _mm512_setzero_ps();
+      const __m512 ref = _mm512_set1_ps(threshold[m]), sc = _mm512_set1_ps(scale[m]);
+      const float* bm = bound.data() + m * probe * 16;
+      for (int64_t n = 0; n < probed; n += 16) {
+        const __mmask16 in = probed - n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (probed - n)) - 1);
+        const __m512 b = _mm512_maskz_loadu_ps(in, bm + n);
+        const __mmask16 below = _mm512_mask_cmp_ps_mask(in, b, ref, _CMP_LT_OQ);   // standing rows are exact
+        lanes = _mm512_mask_add_ps(lanes, below, lanes, mass_bound(b, ref, sc));
+      }
+      double bounded = _mm512_reduce_add_ps(lanes);
+      for (int t = 0; t < threads; ++t)
+        for (int i = 0; i < 16; ++i) bounded += left_out[(int64_t(t) * M + m) * 16 + i];
+      // float sums, each lane of at most `blocks` terms in [0, 1], each add off by at most 2^-24 of the partial sum;
+      // terms under 2^-126 may flush to zero
+      sum += bounded * (1 + double(blocks) * 0x1p-23) + double(num_rows) * 0x1p-120;
+    }
+    return sum > 0 ? std::log(sum) + reference * inv_t[m] : -std::numeric_limits<double>::infinity();
+  };
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       std::vector<int64_t> standing;
@@ -116,9 +169,12 @@ std::tuple<torch::Tensor, torch::Tensor> top_head(torch::Tensor hidden, torch::T
         vp[m * k + i] = all[i].value;
         rp[m * k + i] = all[i].row;
       }
+      if (mass) tp[m] = left_out_mass(m, all, standing.size() == size_t(num_rows));
     }
   });
   auto sizes = hidden.sizes().vec();
   sizes.back() = k;
-  return {values.view(sizes), rows_out.view(sizes)};
+  auto tail_sizes = hidden.sizes().vec();
+  tail_sizes.pop_back();
+  return {values.view(sizes), rows_out.view(sizes), mass ? tail.view(tail_sizes) : tail};
 }
