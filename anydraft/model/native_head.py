@@ -90,8 +90,9 @@ class NativeHead:
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The k largest of logits(hidden)[..., :num_rows] and their rows ([..., k] float holding bf16 values,
         [..., k] long), the larger first, the lower row on ties: what a top-k cut keeps, screened as greedy(). Given
-        each activation row's temperature, also [...] float64: a bound >= log of the sum of exp(logit / T) over the
-        other rows below num_rows (the screen's bounds where it left a row out, exact values where it computed one)."""
+        each activation row's temperature, also [..., 2] float64: bounds (lower, upper) on the log of the sum of
+        exp(logit / T) over the other rows below num_rows (the rows computed exactly; those plus the screen's bounds
+        of the rows it left out)."""
         inv_temperature = (torch.empty(0, dtype=torch.float64) if temperature is None
                            else 1.0 / temperature.to(torch.float64))
         values, rows, tail = self.extension.top_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,

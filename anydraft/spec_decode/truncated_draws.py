@@ -2,9 +2,9 @@
 
 A request with a top-k cut keeps at most k tokens, so its draw needs only the head's k largest exact logits
 (NativeHead.top, screened like the greedy token) instead of every logit, a sort and a softmax over the vocabulary. A
-nucleus without a top-k cut (top-p alone) is a share of the whole mass: the largest TOP_SELECTED logits and the
-head's bound on the rest's mass (the int8 screen's bounds of the rows it left out) give the vocabulary's log-mass
-to within a bound, and where both ends of it keep the same tokens, so does the exact mass. Either way the cut is the one logits_to_probs makes
+nucleus without a top-k cut (top-p alone) is a share of the whole mass: the head's largest logits and its bounds on
+the rest's mass (the rows it computed exactly; those plus the int8 screen's bounds of the rows it left out) give the
+vocabulary's log-mass to within bounds, and where both ends keep the same tokens, so does the exact mass. Either way the cut is the one logits_to_probs makes
 (sampling.cutoff_and_decided: top-k, then top-p on what is left, ties at the boundary kept),
 and the draw is argmax over the kept tokens of logit / T + the noise the native sampling head gives each id under
 the step's key: a Gumbel-max restricted to the kept set, so exactly the cut softmax, and keyed like every native
@@ -19,6 +19,10 @@ import torch
 from .sampling import TOP_SELECTED, cutoff_and_decided, cutoff_of
 
 TIE_ROOM = 32
+# The nucleus is looked for among this many largest logits (and TIE_ROOM more) where no row has a top-k cut: the head
+# computes exactly the rows its screen cannot rule out of them, so a larger selection computes many more rows (at 288,
+# most of a 152k head), while the rows past it count in the mass bounds anyway. A nucleus past it takes every logit.
+NUCLEUS_SELECTED = 32
 # Room on each side of the log-mass bound: the exact path sums the vocabulary in float64 (rounding ~1e-15), and a
 # cut decided 1e-9 apart from either end is decided for every rounding of the sum in between.
 MASS_ROOM = 1e-9
@@ -26,8 +30,8 @@ MASS_ROOM = 1e-9
 
 def selection_size(top_k_max: int, num_rows: int) -> int:
     """How many of the largest logits a draw selects first: the largest top-k cut where every row has one
-    (SamplingBatch.top_k_max, up to TOP_SELECTED), else TOP_SELECTED for the nucleus's mass bound; room for ties."""
-    return min((min(top_k_max, TOP_SELECTED) or TOP_SELECTED) + TIE_ROOM, num_rows)
+    (SamplingBatch.top_k_max, up to TOP_SELECTED), else NUCLEUS_SELECTED; room for ties."""
+    return min((min(top_k_max, TOP_SELECTED) or NUCLEUS_SELECTED) + TIE_ROOM, num_rows)
 
 
 def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
@@ -47,8 +51,7 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
     values, rows, rest_mass = runner.native_head.top(hidden, num_rows, selected,
                                                      temperature.repeat_interleave(seq) if needs_mass else None)
     scaled = values.double() / temperature.to(torch.float64).view(batch, 1, 1)        # [B, S, M]
-    cutoff, decided = cutoff_within_mass_bound(scaled, top_k, top_p, num_rows,
-                                               None if rest_mass is None else rest_mass[..., None])   # [B, S, 1] each
+    cutoff, decided = cutoff_within_mass_bound(scaled, top_k, top_p, num_rows, rest_mass)   # [B, S, 1] each
     noise = runner.native_head.noise(keys.reshape(-1), rows.reshape(batch * seq, -1)).view_as(scaled)
     perturbed = (scaled + noise).masked_fill(scaled < cutoff, float("-inf"))           # [B, S, M]
     drawn = rows.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)        # [B, S]
@@ -70,17 +73,19 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
 def cutoff_within_mass_bound(scaled: torch.Tensor,   # [B, S, M] the M largest scaled logits, descending
                              top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each
                              num_rows: int,
-                             rest_log_mass: torch.Tensor | None,   # [B, S, 1] >= log sum exp of the other rows
-                             ) -> tuple[torch.Tensor, torch.Tensor | None]:   # [B, S, 1] each
+                             rest_log_mass: torch.Tensor | None,   # [B, S, 2] bounds (lower, upper) on the log-mass
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:   # [B, S, 1] each   of the other rows
     """Each row's cut and whether the selection decides it (sampling.cutoff_and_decided), where a row without a
-    top-k cut divides by the vocabulary's mass, known only between the selection's own (a lower bound) and that plus
-    the rest's bound (an upper one): a larger mass keeps a longer prefix, so where both ends keep the same one, the
-    exact mass does too. rest_log_mass None: no row divides by the vocabulary's mass (or the selection is all)."""
+    top-k cut divides by the vocabulary's mass, known only between the selection's own plus the rest's lower bound
+    and the selection's plus the rest's upper bound: a larger mass keeps a longer prefix, so where both ends keep the
+    same one, the exact mass does too. rest_log_mass None: no row divides by the vocabulary's mass (or the selection
+    is every row)."""
     selection_mass = torch.logsumexp(scaled, dim=-1, keepdim=True)                       # [B, S, 1]
-    low, decided = cutoff_and_decided(scaled, top_k, top_p, num_rows, selection_mass - MASS_ROOM)
     if rest_log_mass is None or top_p is None:
-        return low, decided
-    upper = torch.logaddexp(selection_mass, rest_log_mass)
+        return cutoff_and_decided(scaled, top_k, top_p, num_rows, selection_mass)
+    lower = torch.logaddexp(selection_mass, rest_log_mass[..., :1])
+    upper = torch.logaddexp(selection_mass, rest_log_mass[..., 1:])
+    low, decided = cutoff_and_decided(scaled, top_k, top_p, num_rows, lower - MASS_ROOM)
     high, decided_high = cutoff_and_decided(scaled, top_k, top_p, num_rows, upper + MASS_ROOM)
     return low, decided & decided_high & (low == high)
 

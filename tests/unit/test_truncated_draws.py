@@ -22,15 +22,17 @@ def _scaled_logits(rows: int, lead: float, seed: int, temperature: float = 0.7) 
     return logits.to(torch.bfloat16).double() / temperature
 
 
-def _rest_log_mass(scaled: torch.Tensor, kind: str) -> torch.Tensor:   # [rows, 1, 1]
-    """A bound on the log-mass past the SELECTED largest: every other row at the smallest selected ("coarse"), the
-    exact mass ("exact", as tight as a bound gets), or none at all ("none": not a bound, the control)."""
+def _rest_log_mass(scaled: torch.Tensor, kind: str) -> torch.Tensor:   # [rows, 1, 2]
+    """Bounds (lower, upper) on the log-mass past the SELECTED largest: nothing known below, every other row at the
+    smallest selected above ("coarse"); the exact mass on both sides ("exact", as tight as bounds get); the exact
+    mass above only ("upper"); or none at all ("none": not a bound, the control)."""
     ranked = scaled.sort(dim=-1, descending=True).values
-    if kind == "coarse":
-        return ranked[..., SELECTED - 1:SELECTED] + math.log(VOCAB - SELECTED)
-    if kind == "exact":
-        return torch.logsumexp(ranked[..., SELECTED:], dim=-1, keepdim=True)
-    return torch.full_like(ranked[..., :1], float("-inf"))
+    nothing = torch.full_like(ranked[..., :1], float("-inf"))
+    exact = torch.logsumexp(ranked[..., SELECTED:], dim=-1, keepdim=True)
+    coarse = ranked[..., SELECTED - 1:SELECTED] + math.log(VOCAB - SELECTED)
+    lower, upper = {"coarse": (nothing, coarse), "exact": (exact, exact), "upper": (nothing, exact),
+                    "none": (nothing, nothing)}[kind]
+    return torch.cat([lower, upper], dim=-1)
 
 
 def _bounded(scaled: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor, kind: str) -> list:
@@ -62,10 +64,15 @@ def test_a_flat_row_under_a_coarse_bound_is_left_undecided_never_cut_wrongly():
     coarse = _bounded(scaled, None, top_ps, "coarse")
     assert sum(cut is None for cut in coarse) >= 50   # the tail's mass could move the cut: every logit is needed
     assert sum(_agree(coarse, exact)) == sum(cut is not None for cut in coarse)
-    # The tightest upper bound (the rest's exact mass) decides more rows, rightly; the rest are those whose cut the
-    # rest's own mass could move (the lower end is the selection's mass).
+    # The tightest upper bound (the rest's exact mass) decides more rows, rightly, though not those whose cut the
+    # rest's own mass could move (nothing known below it); exact on both sides, every row whose nucleus lies within
+    # the selection.
+    upper = _bounded(scaled, None, top_ps, "upper")
+    assert sum(_agree(upper, exact)) == sum(cut is not None for cut in upper) > sum(cut is not None for cut in coarse)
     tight = _bounded(scaled, None, top_ps, "exact")
-    assert sum(_agree(tight, exact)) == sum(cut is not None for cut in tight) > sum(cut is not None for cut in coarse)
+    smallest_selected = scaled.topk(SELECTED, dim=-1).values[..., -1]
+    within = [bool(exact[i, 0, 0] > smallest_selected[i, 0]) for i in range(100)]
+    assert _agree(tight, exact) == within and sum(within) > sum(cut is not None for cut in upper)
     # Control: the selection's own mass taken as the vocabulary's (no bound) cuts some of these rows wrongly.
     unbounded = _bounded(scaled, None, top_ps, "none")
     assert sum(cut is not None and not torch.equal(cut, exact[i:i + 1]) for i, cut in enumerate(unbounded)) >= 10

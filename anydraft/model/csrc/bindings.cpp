@@ -40,5 +40,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");
   m.def("sampling_head", &sampling_head, "exact Gumbel-max draw from softmax(head_logits / T), screened likewise");
   m.def("head_noise", &head_noise, "the sampling head's float64 noise of each (key, id): keys [M], ids [M, n]");
-  m.def("top_head", &top_head, "the k largest head_logits (values, rows) per activation row, screened likewise, and given temperatures a bound on the log-mass of the rest");
+  m.def("top_head", &top_head, "the k largest head_logits (values, rows) per activation row, screened likewise, and given temperatures bounds on the log-mass of the rest");
 }

@@ -5,10 +5,10 @@
 // Values are head_logits' (bf16 rounding of the same dot products), so the top k equal a sort of the full logits'
 // (the larger value first, the lower row on ties). A row whose screen is unusable (non-finite input), or whose
 // candidates pass num_rows / 16 (a flat screen), is computed over every head row.
-// Given temperatures, also a bound on the mass the k leave out: log of a sum >= sum of exp(logit / T) over every
-// other row below num_rows (what a top-p cut without top-k divides by, beside the k's own mass). A row the screen
-// left out counts at its bound, raised to a power of two (2^ceil of its log2, one VSCALEFPS a block); a row
-// computed exactly, at its value.
+// Given temperatures, also bounds on the mass the k leave out (what a top-p cut without top-k divides by, beside the
+// k's own mass): the sum of exp(logit / T) over every other row below num_rows lies between its rows computed
+// exactly (a lower bound) and those plus the rows the screen left out at their bounds, each raised to a power of two
+// (2^ceil of its log2, one VSCALEFPS a block: an upper bound).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -44,8 +44,8 @@ struct Ranked {   // an exact logit and its head row: the larger value first, th
 }  // namespace
 
 // The k largest of head_logits(hidden, weight)[..., :num_rows] per activation row: (values [M, k] float, rows
-// [M, k] int64), in rank order, and with inv_temperature [M] float64 (else empty) the left-out mass bound [M] float64
-// (log, in logit / T units; else empty). k <= num_rows. The screen's tensors as greedy_head.
+// [M, k] int64), in rank order, and with inv_temperature [M] float64 (else empty) the left-out mass's bounds [M, 2]
+// float64 (logs, in logit / T units: lower, upper; else empty). k <= num_rows. The screen's tensors as greedy_head.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
     torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale, torch::Tensor q_sum,
     torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows, int64_t k, torch::Tensor inv_temperature) {
@@ -118,16 +118,18 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
 
   auto values = torch::empty({M, k}, hidden.options().dtype(at::kFloat));
   auto rows_out = torch::empty({M, k}, hidden.options().dtype(at::kLong));
-  auto tail = torch::empty({mass ? M : 0}, hidden.options().dtype(at::kDouble));
+  auto tail = torch::empty({mass ? M : 0, 2}, hidden.options().dtype(at::kDouble));
   float* vp = values.data_ptr<float>();
   int64_t* rp = rows_out.data_ptr<int64_t>();
   double* tp = tail.data_ptr<double>();
-  // log of: the rows computed exactly past the k, at their values; unless every row was, the probe's rows that did
-  // not stand and the rows the screen left out, at their bounds (relative to the threshold); room for the float sums.
-  auto left_out_mass = [&](int64_t m, const std::vector<Ranked>& all, bool every_row_exact) {
+  // logs of: the rows computed exactly past the k, at their values (lower); plus, unless every row was, the probe's
+  // rows that did not stand and the rows the screen left out, at their bounds, with room for the float sums (upper).
+  auto left_out_mass = [&](int64_t m, const std::vector<Ranked>& all, bool every_row_exact, double* out) {
     const double reference = every_row_exact ? double(all[k - 1].value) : double(threshold[m]);
     double sum = 0;
     for (size_t i = k; i < all.size(); ++i) sum += std::exp((double(all[i].value) - reference) * inv_t[m]);
+    const double log_of_reference = reference * inv_t[m], inf = std::numeric_limits<double>::infinity();
+    out[0] = sum > 0 ? std::log(sum) + log_of_reference : -inf;
     if (!every_row_exact) {
       __m512 lanes = _mm512_setzero_ps();
       const __m512 ref = _mm512_set1_ps(threshold[m]), sc = _mm512_set1_ps(scale[m]);
@@ -145,7 +147,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
       // terms under 2^-126 may flush to zero
       sum += bounded * (1 + double(blocks) * 0x1p-23) + double(num_rows) * 0x1p-120;
     }
-    return sum > 0 ? std::log(sum) + reference * inv_t[m] : -std::numeric_limits<double>::infinity();
+    out[1] = sum > 0 ? std::log(sum) + log_of_reference : -inf;
   };
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
@@ -169,12 +171,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
         vp[m * k + i] = all[i].value;
         rp[m * k + i] = all[i].row;
       }
-      if (mass) tp[m] = left_out_mass(m, all, standing.size() == size_t(num_rows));
+      if (mass) left_out_mass(m, all, standing.size() == size_t(num_rows), tp + 2 * m);
     }
   });
   auto sizes = hidden.sizes().vec();
   sizes.back() = k;
   auto tail_sizes = hidden.sizes().vec();
-  tail_sizes.pop_back();
+  tail_sizes.back() = 2;
   return {values.view(sizes), rows_out.view(sizes), mass ? tail.view(tail_sizes) : tail};
 }
