@@ -9,7 +9,8 @@ greedy tok/s of the same contender and batch, a ratio from one schedule. In a ro
 the same group of prompts (one prompt at batch 1, all 16 at batch 16) taking turns step by step
 (anydraft/bench/interleave.py), each timed over its own steps, so the machine's drift hits all alike. Every
 request's tokens are compared with the target alone's (`tli_equals_target_alone`): greedy is lossless, and with
-coupled draws (every mode on a native head) a seeded request samples the target alone's tokens.
+coupled draws (every mode on a native head) a seeded request samples the target alone's tokens (where both run).
+`--contenders TLI` (or `"target alone"`) runs one of them: a real-shaped pair's `LLM`s hold several GB each.
 
     python bench/sampling_speed.py --out bench/results/<date>-sampling/speed.json
 """
@@ -47,6 +48,8 @@ def main() -> None:
     parser.add_argument("--modes", default="greedy,sampled,truncated",
                         help="comma list of greedy, sampled, truncated, nucleus (top-p alone); greedy always runs: "
                              "the ratios' base")
+    parser.add_argument("--contenders", default="target alone,TLI",
+                        help="comma list of 'target alone' and 'TLI' (each costs an LLM per batch size and mode)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     modes = ["greedy"] + [m for m in args.modes.split(",") if m != "greedy"]
@@ -56,7 +59,11 @@ def main() -> None:
     questions = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[:args.num_prompts]
     prompts = [gsm8k.build_prompt(q["question"], [], None, False) for q in questions]
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    contenders = {"target alone": None, "TLI": {"model": args.draft}}
+    available = {"target alone": None, "TLI": {"model": args.draft}}
+    chosen = [name.strip() for name in args.contenders.split(",")]
+    if not chosen or set(chosen) - set(available):
+        parser.error(f"--contenders: choose among {', '.join(available)}, comma-separated; got {args.contenders!r}")
+    contenders = {name: available[name] for name in available if name in chosen}
 
     plan = [(name, batch, mode) for name in contenders for batch in batch_sizes for mode in modes]
     llms = {(name, batch, mode): LLM(args.target, spec, max_num_seqs=batch)
@@ -85,7 +92,7 @@ def main() -> None:
                 outcome = step_interleaved(runs, turn=round_index + i)
                 for key, (n, seconds, _) in outcome.items():
                     totals[key] = (totals[key][0] + n, totals[key][1] + seconds)
-                for mode in modes:
+                for mode in modes if len(contenders) == 2 else []:
                     pairs = list(zip(outcome[("TLI", batch, mode)][2], outcome[("target alone", batch, mode)][2]))
                     matches[(batch, mode)][0] += sum(a == b for a, b in pairs)
                     matches[(batch, mode)][1] += len(pairs)
@@ -106,7 +113,7 @@ def main() -> None:
     result = {**provenance(llms[plan[-1]], torch_threads=args.threads),
               "command": "python bench/sampling_speed.py " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
-              "config": {**vars(args), "modes": MODES, "speculative_config": contenders["TLI"]},
+              "config": {**vars(args), "modes": MODES, "speculative_config": available["TLI"]},
               "runs": {}, "ratios": {},
               "tli_equals_target_alone": {f"batch {b} {m}": f"{same}/{total}" for (b, m), (same, total)
                                           in matches.items()}}
