@@ -9,8 +9,8 @@ vocabulary's log-mass to within bounds, and where both ends keep the same tokens
 and the draw is argmax over the kept tokens of logit / T + the noise the native sampling head gives each id under
 the step's key: a Gumbel-max restricted to the kept set, so exactly the cut softmax, and keyed like every native
 draw (a seeded request draws the same tokens whatever k and batch; coupled drafts still apply). A position the
-selection does not decide (a cut past it, ties with its last logit that may go on past it, a mass bound too loose:
-a flat distribution) draws by the same rule over every logit; the others still draw from the selection.
+selection does not decide (a cut past it, ties with its last logit that may go on past it, mass bounds too far apart)
+tries a wider selection, then draws by the same rule over every logit; the others still draw from the selection.
 """
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ TIE_ROOM = 32
 # computes exactly the rows its screen cannot rule out of them, so a larger selection computes many more rows (at 288,
 # most of a 152k head), while the rows past it count in the mass bounds anyway. A nucleus past it takes every logit.
 NUCLEUS_SELECTED = 32
+# Positions the first selection does not decide try this many (every logit past them): the logits and a cut over the
+# whole vocabulary cost several head screens (~6 ms a row on the shipped qwen3 head), so one undecided position of a
+# k + 1-token verification made drafting a loss under top-p.
+WIDE_SELECTED = TOP_SELECTED + TIE_ROOM
 # Room on each side of the log-mass bound: the exact path sums the vocabulary in float64 (rounding ~1e-15), and a
 # cut decided 1e-9 apart from either end is decided for every rounding of the sum in between.
 MASS_ROOM = 1e-9
@@ -40,12 +44,14 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
                    top_k: torch.Tensor | None,    # [B] 0 = no cut; None: no row cuts by top-k
                    top_p: torch.Tensor | None,    # [B]; None: no row cuts by top-p
                    top_k_max: int,                # host: SamplingBatch.top_k_max
+                   selected: int | None = None,   # host: how many largest logits to select (selection_size)
                    ) -> torch.Tensor:             # [B, S] head rows
     """Each position's token drawn from softmax(logits / T) cut to the row's top-k / top-p set (see the module):
-    from the largest logits where they decide the cut, else (those positions only) from every logit."""
+    from the largest logits where they decide the cut; the positions they do not, from the WIDE_SELECTED largest
+    (a wider nucleus, tighter mass bounds), and past those from every logit."""
     batch, seq, width = hidden.shape
     num_rows = runner.num_token_rows
-    selected = selection_size(top_k_max, num_rows)
+    selected = selection_size(top_k_max, num_rows) if selected is None else min(selected, num_rows)
     # The rest's mass only where a row divides by the vocabulary's: top-p without top-k.
     needs_mass = top_p is not None and top_k_max == 0
     values, rows, rest_mass = runner.native_head.top(hidden, num_rows, selected,
@@ -64,9 +70,10 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
 
         def per_position(row_values: torch.Tensor | None) -> torch.Tensor | None:   # [B] -> [N]
             return None if row_values is None else row_values.repeat_interleave(seq)[at]
-        drawn.view(-1)[at] = _draw_over_all_logits(
-            runner, hidden.reshape(-1, 1, width)[at], per_position(temperature), keys.reshape(-1, 1)[at],
-            per_position(top_k), per_position(top_p)).view(-1)
+        again = (hidden.reshape(-1, 1, width)[at], per_position(temperature), keys.reshape(-1, 1)[at],
+                 per_position(top_k), per_position(top_p))
+        drawn.view(-1)[at] = (draw_truncated(runner, *again, top_k_max, WIDE_SELECTED) if selected < WIDE_SELECTED
+                              else _draw_over_all_logits(runner, *again)).view(-1)
     return drawn
 
 

@@ -193,18 +193,22 @@ def test_top_k_draws_follow_the_truncated_softmax_without_the_logits(llm, target
 
 
 def test_a_cut_the_selection_cannot_decide_draws_the_same_over_all_logits(llm, monkeypatch):
-    """With no room for ties past the k largest, the draw falls back to every logit (same rule, same noise): the
-    tokens are those of the native draws."""
+    """With no room for ties past the k largest, the positions the selection cannot decide draw again from a wider
+    one, and past it from every logit (same rule, same noise): the tokens are those of the native draws either way."""
     import anydraft.spec_decode.truncated_draws as truncated_draws
     params = [SamplingParams(temperature=1.5, top_k=k, top_p=p, max_tokens=6, seed=70_000 + i, ignore_eos=True)
               for i, (k, p) in enumerate([(3, 1.0), (5, 0.7), (40, 0.95), (1, 1.0)] * 16)]
     native = [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)]
-    fallbacks = []
-    over_all = truncated_draws._draw_over_all_logits
     monkeypatch.setattr(truncated_draws, "TIE_ROOM", 1)
+    wider, fallbacks = [], []
+    draw, over_all = truncated_draws.draw_truncated, truncated_draws._draw_over_all_logits
+    monkeypatch.setattr(truncated_draws, "draw_truncated", lambda *a: wider.append(a[-1]) or draw(*a))   # retries
     monkeypatch.setattr(truncated_draws, "_draw_over_all_logits", lambda *a: fallbacks.append(1) or over_all(*a))
     assert [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)] == native
-    assert fallbacks   # bf16 logits tie at some cut
+    assert wider and set(wider) == {truncated_draws.WIDE_SELECTED}   # bf16 logits tie at some cut
+    monkeypatch.setattr(truncated_draws, "WIDE_SELECTED", 0)   # no wider selection: every logit at once
+    assert [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)] == native
+    assert fallbacks
 
 
 def _sample_three(llm, seed0: int) -> tuple[list[tuple[int, ...]], float]:

@@ -154,9 +154,9 @@ def test_top_is_the_k_largest_logits_ties_to_the_lower_row(rows, k, hidden_scale
                                                               (20000, 288, 3.0, False), (3000, 1, 0.0, False)])
 def test_top_bounds_the_mass_of_the_other_rows(rows, k, hidden_scale, screened):
     """NativeHead.top given temperatures: bounds on log sum exp(logit / T) over the rows below num_rows that are not
-    among the k: the upper within a factor of 4 of it where the screen left rows out (2 for the power of two, room
-    for the screen's slack); both exact where every row was computed (a flat screen: hidden 0, or too many rows the
-    screen cannot rule out)."""
+    among the k, each within a factor of 2 of it where the screen left rows out (a quarter power of two, and the
+    screen's slack); both exact where every row was computed (a flat screen: hidden 0, or too many rows the screen
+    cannot rule out)."""
     head = _head(rows, seed=rows + 1)
     hidden = (torch.randn(8, 128, generator=torch.Generator().manual_seed(k + 1)) * hidden_scale).bfloat16()
     hidden[7] = float("nan") if hidden_scale else 0.0
@@ -169,7 +169,8 @@ def test_top_bounds_the_mass_of_the_other_rows(rows, k, hidden_scale, screened):
         others[top_rows[m]] = False
         exact = torch.logsumexp(logits[m, others] / temperature[m], dim=0).item()
         lower, upper = rest[m].tolist()
-        assert lower - 1e-9 <= exact <= upper + 1e-9 and upper <= exact + math.log(4), (m, exact, lower, upper)
+        assert lower - 1e-9 <= exact <= upper + 1e-9, (m, exact, lower, upper)
+        assert exact - math.log(2) <= lower and upper <= exact + math.log(2), (m, exact, lower, upper)
         looser += upper > exact + 1e-6
         assert screened or abs(lower - exact) < 1e-9
     assert bool(looser) == screened   # bounds where the screen left rows out; exact where every row was computed

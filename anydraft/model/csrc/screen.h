@@ -210,10 +210,24 @@ struct BlockBound {
 
   // score: each logit's int8 estimate; returned: score plus what the two quantizations can hide (>= the fp32 dot)
   __m512 upper(const int32_t* ints, const Screen& s, __m512& score) const {
-    const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints), offset);   // exact integer p . q_n per lane
-    score = _mm512_mul_ps(_mm512_mul_ps(row_scale, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
-    const __m512 slack = _mm512_fmadd_ps(slack_q, _mm512_set1_ps(s.e_norm), _mm512_mul_ps(slack_h, _mm512_set1_ps(s.h_norm)));
+    __m512 slack;
+    score = estimate(ints, s, slack);
     return _mm512_add_ps(score, slack);
+  }
+
+  // The same, and lower: the score less what they can hide (<= the fp32 dot).
+  __m512 upper(const int32_t* ints, const Screen& s, __m512& score, __m512& lower) const {
+    __m512 slack;
+    score = estimate(ints, s, slack);
+    lower = _mm512_sub_ps(score, slack);
+    return _mm512_add_ps(score, slack);
+  }
+
+ private:
+  __m512 estimate(const int32_t* ints, const Screen& s, __m512& slack) const {
+    const __m512i dot = _mm512_sub_epi32(_mm512_loadu_si512(ints), offset);   // exact integer p . q_n per lane
+    slack = _mm512_fmadd_ps(slack_q, _mm512_set1_ps(s.e_norm), _mm512_mul_ps(slack_h, _mm512_set1_ps(s.h_norm)));
+    return _mm512_mul_ps(_mm512_mul_ps(row_scale, _mm512_set1_ps(s.scale)), _mm512_cvtepi32_ps(dot));
   }
 };
 
@@ -222,6 +236,12 @@ struct BlockBound {
 // and top heads raise their bounds by this room; greedy_head lowers its threshold by the same room instead.
 inline __m512 bf16_logit_bound(__m512 dot_bound, int64_t K) {
   return _mm512_add_ps(_mm512_fmadd_ps(_mm512_abs_ps(dot_bound), _mm512_set1_ps(1.f / 64.f), dot_bound),
+                       _mm512_set1_ps(float(K) * std::numeric_limits<float>::min()));
+}
+
+// A bound from below on 16 logits' bf16 values from one on their fp32 dots, with bf16_logit_bound's room.
+inline __m512 bf16_logit_floor(__m512 dot_floor, int64_t K) {
+  return _mm512_sub_ps(_mm512_fnmadd_ps(_mm512_abs_ps(dot_floor), _mm512_set1_ps(1.f / 64.f), dot_floor),
                        _mm512_set1_ps(float(K) * std::numeric_limits<float>::min()));
 }
 

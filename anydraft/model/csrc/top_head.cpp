@@ -7,8 +7,8 @@
 // candidates pass num_rows / 16 (a flat screen), is computed over every head row.
 // Given temperatures, also bounds on the mass the k leave out (what a top-p cut without top-k divides by, beside the
 // k's own mass): the sum of exp(logit / T) over every other row below num_rows lies between its rows computed
-// exactly (a lower bound) and those plus the rows the screen left out at their bounds, each raised to a power of two
-// (2^ceil of its log2, one VSCALEFPS a block: an upper bound).
+// exactly plus the rows the screen left out at their lower bounds, and those plus the same rows at their upper bounds,
+// each rounded to a quarter power of two (down, or up: a VSCALEFPS and a VPERMPS a block).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -27,12 +27,28 @@ namespace {
 
 constexpr int64_t CANDIDATE_FRACTION = 16;
 
-// Per lane: 2^ceil((bound - reference) * scale) with scale = log2(e) / T, >= exp((bound - reference) / T) for a
-// bound below the reference (the log2 raised by 2^-10 of itself and of 1 first: room for the float product).
-inline __m512 mass_bound(__m512 bound, __m512 reference, __m512 scale) {
+// 2^(j/4) for j = 0..3 as floats rounded up (index 0) or down (1), the rest of 16 lanes unused.
+inline const __m512& quarter_powers(bool up) {
+  static const __m512 powers[2] = {
+      _mm512_setr_ps(1.f, std::nextafter(1.18920712f, 2.f), std::nextafter(1.41421356f, 2.f),
+                     std::nextafter(1.68179283f, 2.f), 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1),
+      _mm512_setr_ps(1.f, std::nextafter(1.18920712f, 0.f), std::nextafter(1.41421356f, 0.f),
+                     std::nextafter(1.68179283f, 0.f), 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)};
+  return powers[up ? 0 : 1];
+}
+
+// Per lane, for a bound below the reference and scale = log2(e) / T: 2^(q / 4) with q the ceiling (up) or floor of
+// 4 (bound - reference) scale, >= (up) or <= exp((bound - reference) / T); the log2 is moved away by 2^-10 of itself
+// and of 1 first (room for the float product).
+inline __m512 mass_bound(__m512 bound, __m512 reference, __m512 scale, bool up) {
   const __m512 log2 = _mm512_mul_ps(_mm512_sub_ps(bound, reference), scale);
-  const __m512 raised = _mm512_fmadd_ps(log2, _mm512_set1_ps(1.f - 1.f / 1024), _mm512_set1_ps(1.f / 1024));
-  return _mm512_scalef_ps(_mm512_set1_ps(1.f), _mm512_roundscale_ps(raised, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+  const __m512 moved = up ? _mm512_fmadd_ps(log2, _mm512_set1_ps(1.f - 1.f / 1024), _mm512_set1_ps(1.f / 1024))
+                          : _mm512_fmsub_ps(log2, _mm512_set1_ps(1.f + 1.f / 1024), _mm512_set1_ps(1.f / 1024));
+  const __m512 q = up ? _mm512_roundscale_ps(_mm512_mul_ps(moved, _mm512_set1_ps(4.f)), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)
+                      : _mm512_roundscale_ps(_mm512_mul_ps(moved, _mm512_set1_ps(4.f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 e = _mm512_roundscale_ps(_mm512_mul_ps(q, _mm512_set1_ps(0.25f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512i j = _mm512_cvttps_epi32(_mm512_fnmadd_ps(e, _mm512_set1_ps(4.f), q));   // q - 4e: 0..3 (-inf: any)
+  return _mm512_scalef_ps(_mm512_permutexvar_ps(j, quarter_powers(up)), e);
 }
 
 struct Ranked {   // an exact logit and its head row: the larger value first, the lower row on ties
@@ -60,7 +76,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
   const double* inv_t = mass ? inv_temperature_c.data_ptr<double>() : nullptr;
   std::vector<float> scale(M);   // log2(e) / T per activation row
   for (int64_t m = 0; m < M && mass; ++m) scale[m] = float(inv_t[m] * 1.4426950408889634);
-  std::vector<float> left_out(mass ? threads * M * 16 : 0, 0.f);   // per thread and row: 16 lanes of mass bounds
+  // per thread and row: 16 lanes of upper, then 16 of lower bounds on the mass the screen left out
+  std::vector<float> left_out(mass ? threads * M * 32 : 0, 0.f);
   const int64_t probe = h.probe_blocks();
   const int64_t probed = std::min(probe * 16, num_rows);
   std::vector<float> bound(M * probe * 16);
@@ -74,10 +91,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
                                                              const BlockBound& block, const int32_t* ints) {
         for (int64_t m = 0; m < M; ++m) {
           __m512 upper = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+          __m512 lower = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
           if (h.screens[m].usable) {
-            __m512 score;
-            const __m512 logit = block.upper(ints + m * 16, h.screens[m], score);
+            __m512 score, dot_lower;
+            const __m512 logit = block.upper(ints + m * 16, h.screens[m], score, dot_lower);
             upper = bf16_logit_bound(logit, K);
+            lower = bf16_logit_floor(dot_lower, K);
           }
           if (keep_bounds) {
             _mm512_storeu_ps(bound.data() + m * probe * 16 + n, upper);
@@ -85,9 +104,13 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
             const __mmask16 open = _mm512_mask_cmp_ps_mask(valid, upper, _mm512_set1_ps(threshold[m]), _CMP_NLT_UQ);
             if (open) keep_open(open, upper, n, candidates[M * t + m]);
             if (mass) {   // the rows left out here count at their bounds (candidates at their exact values, below)
-              float* acc = left_out.data() + (int64_t(t) * M + m) * 16;
-              const __m512 bounded = mass_bound(upper, _mm512_set1_ps(threshold[m]), _mm512_set1_ps(scale[m]));
-              _mm512_storeu_ps(acc, _mm512_mask_add_ps(_mm512_loadu_ps(acc), __mmask16(valid & ~open), _mm512_loadu_ps(acc), bounded));
+              float* acc = left_out.data() + (int64_t(t) * M + m) * 32;
+              const __mmask16 closed = valid & ~open;
+              const __m512 ref = _mm512_set1_ps(threshold[m]), sc = _mm512_set1_ps(scale[m]);
+              _mm512_storeu_ps(acc, _mm512_mask_add_ps(_mm512_loadu_ps(acc), closed, _mm512_loadu_ps(acc),
+                                                       mass_bound(upper, ref, sc, true)));
+              _mm512_storeu_ps(acc + 16, _mm512_mask_add_ps(_mm512_loadu_ps(acc + 16), closed,
+                                                            _mm512_loadu_ps(acc + 16), mass_bound(lower, ref, sc, false)));
             }
           }
         }
@@ -122,14 +145,21 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
   float* vp = values.data_ptr<float>();
   int64_t* rp = rows_out.data_ptr<int64_t>();
   double* tp = tail.data_ptr<double>();
-  // logs of: the rows computed exactly past the k, at their values (lower); plus, unless every row was, the probe's
-  // rows that did not stand and the rows the screen left out, at their bounds, with room for the float sums (upper).
+  // logs of the rows computed exactly past the k, at their values, plus (unless every row was) the rows the screen
+  // left out at their lower bounds (lower; the probe's rows that did not stand count 0), or the probe's and those at
+  // their upper bounds (upper), with room for the float sums.
   auto left_out_mass = [&](int64_t m, const std::vector<Ranked>& all, bool every_row_exact, double* out) {
     const double reference = every_row_exact ? double(all[k - 1].value) : double(threshold[m]);
     double sum = 0;
     for (size_t i = k; i < all.size(); ++i) sum += std::exp((double(all[i].value) - reference) * inv_t[m]);
     const double log_of_reference = reference * inv_t[m], inf = std::numeric_limits<double>::infinity();
-    out[0] = sum > 0 ? std::log(sum) + log_of_reference : -inf;
+    double below = 0;
+    if (!every_row_exact) {
+      for (int t = 0; t < threads; ++t)
+        for (int i = 0; i < 16; ++i) below += left_out[(int64_t(t) * M + m) * 32 + 16 + i];
+      below *= 1 - double(blocks) * 0x1p-23;   // float sums (see the upper one)
+    }
+    out[0] = sum + below > 0 ? std::log(sum + below) + log_of_reference : -inf;
     if (!every_row_exact) {
       __m512 lanes = _mm512_setzero_ps();
       const __m512 ref = _mm512_set1_ps(threshold[m]), sc = _mm512_set1_ps(scale[m]);
@@ -137,12 +167,12 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
       for (int64_t n = 0; n < probed; n += 16) {
         const __mmask16 in = probed - n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (probed - n)) - 1);
         const __m512 b = _mm512_maskz_loadu_ps(in, bm + n);
-        const __mmask16 below = _mm512_mask_cmp_ps_mask(in, b, ref, _CMP_LT_OQ);   // standing rows are exact
-        lanes = _mm512_mask_add_ps(lanes, below, lanes, mass_bound(b, ref, sc));
+        const __mmask16 left = _mm512_mask_cmp_ps_mask(in, b, ref, _CMP_LT_OQ);   // standing rows are exact
+        lanes = _mm512_mask_add_ps(lanes, left, lanes, mass_bound(b, ref, sc, true));
       }
       double bounded = _mm512_reduce_add_ps(lanes);
       for (int t = 0; t < threads; ++t)
-        for (int i = 0; i < 16; ++i) bounded += left_out[(int64_t(t) * M + m) * 16 + i];
+        for (int i = 0; i < 16; ++i) bounded += left_out[(int64_t(t) * M + m) * 32 + i];
       // float sums, each lane of at most `blocks` terms in [0, 1], each add off by at most 2^-24 of the partial sum;
       // terms under 2^-126 may flush to zero
       sum += bounded * (1 + double(blocks) * 0x1p-23) + double(num_rows) * 0x1p-120;
