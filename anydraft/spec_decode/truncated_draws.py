@@ -77,6 +77,28 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
     return drawn
 
 
+def propose_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden] a draft's
+                      temperature: torch.Tensor,     # [B] > 0
+                      keys: torch.Tensor,            # [B, S] int64 the target's noise keys
+                      top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each, as draw_truncated
+                      top_k_max: int,
+                      noise_ids: torch.Tensor | None,   # [head rows] the target id whose noise each row draws with
+                      ) -> torch.Tensor:             # [B, S] head rows
+    """A coupled draft's token under the request's cut: Gumbel-max with the target's noise over the rows of its own
+    largest logits that the cut keeps, the selection's mass standing in for the vocabulary's (a proposal only has to
+    equal the target's draw often, not follow the cut exactly: the target's own draw decides what is emitted). The
+    draft's full softmax instead proposed tokens the target's cut never keeps."""
+    batch, seq, _ = hidden.shape
+    num_rows = runner.num_token_rows
+    values, rows, _ = runner.native_head.top(hidden, num_rows, selection_size(top_k_max, num_rows))   # [B, S, M]
+    scaled = values.double() / temperature.to(torch.float64).view(batch, 1, 1)
+    cutoff, _ = cutoff_and_decided(scaled, top_k, top_p, num_rows, torch.logsumexp(scaled, dim=-1, keepdim=True))
+    ids = rows if noise_ids is None else noise_ids[rows]
+    noise = runner.native_head.noise(keys.reshape(-1), ids.reshape(batch * seq, -1)).view_as(scaled)
+    perturbed = (scaled + noise).masked_fill(scaled < cutoff, float("-inf"))
+    return rows.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
 def cutoff_within_mass_bound(scaled: torch.Tensor,   # [B, S, M] the M largest scaled logits, descending
                              top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each
                              num_rows: int,

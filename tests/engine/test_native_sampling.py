@@ -288,8 +288,33 @@ def test_coupled_draws_stay_exact_when_probes_draft_for_one_row(target, tli_draf
     _assert_exact_positions(llm, target, tokens)
 
 
-def _seeded_ids(llm, seed0: int, num: int = 64, max_tokens: int = 12, **cut) -> list[list[int]]:
-    params = [SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens, seed=seed0 + i, ignore_eos=True, **cut)
+@pytest.mark.parametrize("cut", [{"top_k": 4}, {"top_k": 8, "top_p": 0.6}, {"top_p": 0.5}],
+                         ids=["top-k", "top-k and top-p", "top-p alone"])
+def test_a_coupled_draft_proposes_within_the_request_s_cut(target, tli_draft, monkeypatch, cut):
+    """Under a top-k / top-p cut the draft draws with the target's noise among the tokens its own logits keep by the
+    same cut (truncated_draws.propose_truncated): it proposes the target's draw more often than drawing from its full
+    softmax (the control: the draft's draws as before), and each seeded request's tokens stay the target alone's."""
+    import anydraft.spec_decode.draft_proposer as draft_proposer
+    llm = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64,
+              speculative_config={"model": str(tli_draft), "num_speculative_tokens": 3, "adaptive": False})
+    alone = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64)
+    expected = _seeded_ids(alone, seed0=95_000, temperature=1.0, **cut)
+    assert _seeded_ids(llm, seed0=95_000, temperature=1.0, **cut) == expected
+    within_cut = llm.stats.num_accepted / llm.stats.num_drafted
+    llm.engine.stats = type(llm.stats)(llm.engine.k)
+    # Control: the draft's draws from its full softmax (what propose_truncated replaced), same noise.
+    monkeypatch.setattr(draft_proposer, "propose_truncated",
+                        lambda runner, hidden, temperature, keys, top_k, top_p, top_k_max, noise_ids:
+                        runner.sample_ids(hidden, temperature, keys, noise_ids))
+    assert _seeded_ids(llm, seed0=95_000, temperature=1.0, **cut) == expected
+    full_softmax = llm.stats.num_accepted / llm.stats.num_drafted
+    print(f"\n[draft within the cut] acceptance {within_cut:.3f} against {full_softmax:.3f} from the full softmax")
+    assert within_cut > full_softmax
+
+
+def _seeded_ids(llm, seed0: int, num: int = 64, max_tokens: int = 12, temperature: float = TEMPERATURE,
+                **cut) -> list[list[int]]:
+    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed0 + i, ignore_eos=True, **cut)
               for i in range(num)]
     return [o.outputs[0].token_ids for o in llm.generate([PROMPT] * num, params)]
 
