@@ -84,18 +84,24 @@ def propose_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden] a draft's
                       top_k_max: int,
                       noise_ids: torch.Tensor | None,   # [head rows] the target id whose noise each row draws with
                       ) -> torch.Tensor:             # [B, S] head rows
-    """A coupled draft's token under the request's cut: Gumbel-max with the target's noise over the rows of its own
-    largest logits that the cut keeps, the selection's mass standing in for the vocabulary's (a proposal only has to
-    equal the target's draw often, not follow the cut exactly: the target's own draw decides what is emitted). The
-    draft's full softmax instead proposed tokens the target's cut never keeps."""
+    """A coupled draft's token under the request's cut: Gumbel-max with the target's noise over its own largest
+    logits that the cut keeps, top-p taken within them (a proposal only has to equal the target's draw often, not
+    follow the cut exactly: the target's own draw decides what is emitted). The draft's full softmax instead
+    proposed tokens the target's cut never keeps. Few ops: a draft token costs a small forward."""
     batch, seq, _ = hidden.shape
-    num_rows = runner.num_token_rows
-    values, rows, _ = runner.native_head.top(hidden, num_rows, selection_size(top_k_max, num_rows))   # [B, S, M]
+    selected = min(min(top_k_max, TOP_SELECTED) or NUCLEUS_SELECTED, runner.num_token_rows)
+    values, rows, _ = runner.native_head.top(hidden, runner.num_token_rows, selected)   # [B, S, M] each
     scaled = values.double() / temperature.to(torch.float64).view(batch, 1, 1)
-    cutoff, _ = cutoff_and_decided(scaled, top_k, top_p, num_rows, torch.logsumexp(scaled, dim=-1, keepdim=True))
+    kept = torch.ones_like(scaled, dtype=torch.bool)
+    if top_k is not None:   # 0 = no cut
+        rank = torch.arange(selected, device=scaled.device)
+        kept = (rank < top_k.view(batch, 1, 1)) | (top_k.view(batch, 1, 1) <= 0)
+    if top_p is not None:
+        probs = scaled.masked_fill(~kept, float("-inf")).softmax(dim=-1)
+        kept = kept & (probs.cumsum(dim=-1) - probs < top_p.to(probs.dtype).view(batch, 1, 1))
     ids = rows if noise_ids is None else noise_ids[rows]
     noise = runner.native_head.noise(keys.reshape(-1), ids.reshape(batch * seq, -1)).view_as(scaled)
-    perturbed = (scaled + noise).masked_fill(scaled < cutoff, float("-inf"))
+    perturbed = (scaled + noise).masked_fill(~kept, float("-inf"))
     return rows.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)
 
 
