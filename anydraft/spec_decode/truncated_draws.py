@@ -4,13 +4,14 @@ A request with a top-k cut keeps at most k tokens, so its draw needs only the he
 (NativeHead.top, screened like the greedy token) instead of every logit, a sort and a softmax over the vocabulary. A
 nucleus without a top-k cut (top-p alone) is a share of the whole mass: the head's largest logits and its bounds on
 the rest's mass (the rows it computed exactly; those plus the int8 screen's bounds of the rows it left out) give the
-vocabulary's log-mass to within bounds, and where both ends keep the same tokens, so does the exact mass. Either way the cut is the one logits_to_probs makes
-(sampling.cutoff_and_decided: top-k, then top-p on what is left, ties at the boundary kept),
-and the draw is argmax over the kept tokens of logit / T + the noise the native sampling head gives each id under
-the step's key: a Gumbel-max restricted to the kept set, so exactly the cut softmax, and keyed like every native
-draw (a seeded request draws the same tokens whatever k and batch; coupled drafts still apply). A position the
-selection does not decide (a cut past it, ties with its last logit that may go on past it, mass bounds too far apart)
-tries a wider selection, then draws by the same rule over every logit; the others still draw from the selection.
+vocabulary's log-mass to within bounds, and where both ends keep the same tokens, so does the exact mass. Either way
+the cut is the one logits_to_probs makes (sampling.cutoff_and_decided: top-k, then top-p on what is left, ties at the
+boundary kept), and the draw is argmax over the kept tokens of logit / T + the noise the native sampling head gives
+each id under the step's key: a Gumbel-max restricted to the kept set, so exactly the cut softmax, and keyed like
+every native draw (a seeded request draws the same tokens whatever k and batch; coupled drafts still apply). A
+position the selection does not decide (a cut past it, ties with its last logit that may go on past it, mass bounds
+too far apart) tries a wider selection, then draws by the same rule over every logit; the others still draw from the
+selection. A coupled draft proposes under the same cut, approximately (propose_truncated).
 """
 from __future__ import annotations
 

@@ -44,9 +44,10 @@ inline __m512 mass_bound(__m512 bound, __m512 reference, __m512 scale, bool up) 
   const __m512 log2 = _mm512_mul_ps(_mm512_sub_ps(bound, reference), scale);
   const __m512 moved = up ? _mm512_fmadd_ps(log2, _mm512_set1_ps(1.f - 1.f / 1024), _mm512_set1_ps(1.f / 1024))
                           : _mm512_fmsub_ps(log2, _mm512_set1_ps(1.f + 1.f / 1024), _mm512_set1_ps(1.f / 1024));
-  const __m512 q = up ? _mm512_roundscale_ps(_mm512_mul_ps(moved, _mm512_set1_ps(4.f)), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)
-                      : _mm512_roundscale_ps(_mm512_mul_ps(moved, _mm512_set1_ps(4.f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 e = _mm512_roundscale_ps(_mm512_mul_ps(q, _mm512_set1_ps(0.25f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  constexpr int CEIL = _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC, FLOOR = _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC;
+  const __m512 quarters = _mm512_mul_ps(moved, _mm512_set1_ps(4.f));
+  const __m512 q = up ? _mm512_roundscale_ps(quarters, CEIL) : _mm512_roundscale_ps(quarters, FLOOR);
+  const __m512 e = _mm512_roundscale_ps(_mm512_mul_ps(q, _mm512_set1_ps(0.25f)), FLOOR);
   const __m512i j = _mm512_cvttps_epi32(_mm512_fnmadd_ps(e, _mm512_set1_ps(4.f), q));   // q - 4e: 0..3 (-inf: any)
   return _mm512_scalef_ps(_mm512_permutexvar_ps(j, quarter_powers(up)), e);
 }
@@ -107,10 +108,9 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
               float* acc = left_out.data() + (int64_t(t) * M + m) * 32;
               const __mmask16 closed = valid & ~open;
               const __m512 ref = _mm512_set1_ps(threshold[m]), sc = _mm512_set1_ps(scale[m]);
-              _mm512_storeu_ps(acc, _mm512_mask_add_ps(_mm512_loadu_ps(acc), closed, _mm512_loadu_ps(acc),
-                                                       mass_bound(upper, ref, sc, true)));
-              _mm512_storeu_ps(acc + 16, _mm512_mask_add_ps(_mm512_loadu_ps(acc + 16), closed,
-                                                            _mm512_loadu_ps(acc + 16), mass_bound(lower, ref, sc, false)));
+              const __m512 above = _mm512_loadu_ps(acc), below = _mm512_loadu_ps(acc + 16);
+              _mm512_storeu_ps(acc, _mm512_mask_add_ps(above, closed, above, mass_bound(upper, ref, sc, true)));
+              _mm512_storeu_ps(acc + 16, _mm512_mask_add_ps(below, closed, below, mass_bound(lower, ref, sc, false)));
             }
           }
         }
