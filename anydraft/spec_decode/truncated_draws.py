@@ -130,8 +130,16 @@ def _draw_over_all_logits(runner, hidden: torch.Tensor, temperature: torch.Tenso
                           top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:   # [B, S]
     """The same rule over every logit (a cut the k largest cannot decide: top-p alone, ties past them): the kept
     set is a prefix of the rows by logit, so the native sampling head draws over the rows reaching its smallest
-    logit (the floor), with the same noise."""
+    logit (the floor), with the same noise. Rows without any cut (beside cut rows in a batch) draw from the full
+    softmax as they would alone, without the logits, where no cut row is among them."""
     batch, seq = hidden.shape[:2]
+    uncut = torch.ones(batch, dtype=torch.bool, device=hidden.device)
+    if top_k is not None:
+        uncut &= top_k <= 0
+    if top_p is not None:
+        uncut &= top_p >= 1.0
+    if bool(uncut.all()):
+        return runner.sample_ids(hidden, temperature, keys)
     logits = runner.logits(hidden)                                                      # [B, S, V] bf16
     scaled = logits.double() / temperature.to(torch.float64).view(batch, 1, 1)
     cutoff = cutoff_of(scaled, top_k, top_p)                                           # [B, S, 1]

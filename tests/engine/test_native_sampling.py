@@ -142,9 +142,10 @@ def test_top_p_alone_draws_from_the_nucleus_natively(llm, target, monkeypatch):
 def test_a_nucleus_the_mass_bound_decides_draws_as_over_every_logit(llm, monkeypatch):
     """Where the largest logits and the mass bound decide a top-p cut, the draw from them is the draw over every logit:
     the same tokens when no position is decided (each then takes every logit). Some positions are decided (a peaked
-    softmax at a low temperature), some not (a nucleus past the selection), and rows of both kinds and top-k rows share batches."""
+    softmax at a low temperature), some not (a nucleus past the selection), and rows of both kinds, top-k rows and uncut
+    rows share batches."""
     import anydraft.spec_decode.truncated_draws as truncated_draws
-    settings = [(0.2, 0.9, 0), (0.3, 0.95, 0), (0.5, 0.8, 5), (2.0, 0.99, 0)] * 16
+    settings = [(0.2, 0.9, 0), (0.3, 0.95, 0), (0.5, 0.8, 5), (2.0, 0.99, 0), (0.8, 1.0, 0)] * 13
     params = [SamplingParams(temperature=t, top_p=p, top_k=k, max_tokens=6, seed=90_000 + i, ignore_eos=True)
               for i, (t, p, k) in enumerate(settings)]
     decided = []
@@ -159,6 +160,10 @@ def test_a_nucleus_the_mass_bound_decides_draws_as_over_every_logit(llm, monkeyp
     positions = sum(n for _, n in decided)
     print(f"\n[nucleus] decided by the selection: {sum(d for d, _ in decided)} of {positions} positions")
     assert 0 < sum(d for d, _ in decided) < positions
+    # The uncut rows sample as they do in a batch of their own (the full softmax, without the logits).
+    uncut = [i for i, (_, p, k) in enumerate(settings) if p == 1.0 and k == 0]
+    assert [native[i] for i in uncut] == [o.outputs[0].token_ids for o in llm.generate(
+        [PROMPT] * len(uncut), [params[i] for i in uncut])]
     monkeypatch.setattr(truncated_draws, "cutoff_within_mass_bound",
                         lambda *args: (bound(*args)[0], torch.zeros_like(bound(*args)[1])))
     assert [o.outputs[0].token_ids for o in llm.generate([PROMPT] * len(params), params)] == native
