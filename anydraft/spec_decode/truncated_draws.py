@@ -119,11 +119,20 @@ def cutoff_within_mass_bound(scaled: torch.Tensor,   # [B, S, M] the M largest s
     selection_mass = torch.logsumexp(scaled, dim=-1, keepdim=True)                       # [B, S, 1]
     if rest_log_mass is None or top_p is None:
         return cutoff_and_decided(scaled, top_k, top_p, num_rows, selection_mass)
-    lower = torch.logaddexp(selection_mass, rest_log_mass[..., :1])
-    upper = torch.logaddexp(selection_mass, rest_log_mass[..., 1:])
-    low, decided = cutoff_and_decided(scaled, top_k, top_p, num_rows, lower - MASS_ROOM)
-    high, decided_high = cutoff_and_decided(scaled, top_k, top_p, num_rows, upper + MASS_ROOM)
-    return low, decided & decided_high & (low == high)
+    batch, seq, _ = scaled.shape
+    room = torch.tensor([-MASS_ROOM, MASS_ROOM], dtype=scaled.dtype, device=scaled.device)
+    ends = torch.logaddexp(selection_mass, rest_log_mass) + room                          # [B, S, 2]
+    # Both ends in one pass: the rows twice over, the lower ends first.
+
+    def twice(row_values: torch.Tensor | None) -> torch.Tensor | None:   # [B] -> [2B]
+        return None if row_values is None else row_values.repeat(2)
+    cutoffs, decided = cutoff_and_decided(scaled.repeat(2, 1, 1), twice(top_k), twice(top_p), num_rows,
+                                          ends.movedim(-1, 0).reshape(2 * batch, seq, 1))   # [2B, S, 1] each
+    low, high = cutoffs.chunk(2)
+    if decided is None:   # the selection is every row: its mass is the vocabulary's, both ends agree
+        return low, None
+    decided_low, decided_high = decided.chunk(2)
+    return low, decided_low & decided_high & (low == high)
 
 
 def _draw_over_all_logits(runner, hidden: torch.Tensor, temperature: torch.Tensor, keys: torch.Tensor,

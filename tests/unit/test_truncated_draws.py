@@ -92,3 +92,14 @@ def test_rows_with_and_without_top_k_in_one_batch():
     # Rows with a top-k cut alone: the batch's cut, decided everywhere, without any mass.
     top = scaled.topk(SELECTED, dim=-1).values
     assert torch.equal(cutoff_from_top(top[1::4], top_k[1::4], top_p[1::4], VOCAB), exact[1::4])
+
+
+def test_a_selection_of_every_row_is_decided_by_its_own_mass():
+    """Where the selection is the whole vocabulary (a small head, or the wider retry on one), the rest is empty: the
+    cut is the cut over every logit, with nothing to decide."""
+    scaled = _scaled_logits(8, lead=10.0, seed=3)[..., :SELECTED]
+    top_p = torch.full((8,), 0.9, dtype=torch.float64)
+    top = scaled.sort(dim=-1, descending=True).values
+    nothing = torch.full((8, 1, 2), float("-inf"), dtype=torch.float64)
+    cutoff, decided = cutoff_within_mass_bound(top, None, top_p, SELECTED, nothing)
+    assert decided is None and torch.equal(cutoff, cutoff_of(scaled, None, top_p))
