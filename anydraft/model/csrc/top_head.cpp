@@ -153,12 +153,15 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
     double sum = 0;
     for (size_t i = k; i < all.size(); ++i) sum += std::exp((double(all[i].value) - reference) * inv_t[m]);
     const double log_of_reference = reference * inv_t[m], inf = std::numeric_limits<double>::infinity();
-    double below = 0;
-    if (!every_row_exact) {
+    auto screened = [&](int half) {   // row m's lanes of left_out over every thread: 0 upper, 1 lower bounds
+      double total = 0;
       for (int t = 0; t < threads; ++t)
-        for (int i = 0; i < 16; ++i) below += left_out[(int64_t(t) * M + m) * 32 + 16 + i];
-      below *= 1 - double(blocks) * 0x1p-23;   // float sums (see the upper one)
-    }
+        for (int i = 0; i < 16; ++i) total += left_out[(int64_t(t) * M + m) * 32 + 16 * half + i];
+      return total;
+    };
+    // float sums, each lane of at most `blocks` terms in [0, 1], each add off by at most 2^-24 of the partial sum
+    const double float_room = double(blocks) * 0x1p-23;
+    const double below = every_row_exact ? 0 : screened(1) * (1 - float_room);
     out[0] = sum + below > 0 ? std::log(sum + below) + log_of_reference : -inf;
     if (!every_row_exact) {
       __m512 lanes = _mm512_setzero_ps();
@@ -170,12 +173,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
         const __mmask16 left = _mm512_mask_cmp_ps_mask(in, b, ref, _CMP_LT_OQ);   // standing rows are exact
         lanes = _mm512_mask_add_ps(lanes, left, lanes, mass_bound(b, ref, sc, true));
       }
-      double bounded = _mm512_reduce_add_ps(lanes);
-      for (int t = 0; t < threads; ++t)
-        for (int i = 0; i < 16; ++i) bounded += left_out[(int64_t(t) * M + m) * 32 + i];
-      // float sums, each lane of at most `blocks` terms in [0, 1], each add off by at most 2^-24 of the partial sum;
-      // terms under 2^-126 may flush to zero
-      sum += bounded * (1 + double(blocks) * 0x1p-23) + double(num_rows) * 0x1p-120;
+      const double bounded = _mm512_reduce_add_ps(lanes) + screened(0);
+      sum += bounded * (1 + float_room) + double(num_rows) * 0x1p-120;   // terms under 2^-126 may flush to zero
     }
     out[1] = sum > 0 ? std::log(sum) + log_of_reference : -inf;
   };
