@@ -277,11 +277,7 @@ class Engine:
             return self.proposer.propose(rows, sampling, k)
         index = [rows.index(r) for r in drafting]
         if sampling is not None:   # coupled draws: the drafting rows' settings, streams and noise keys
-            at = torch.tensor(index, device=sampling.temperature.device)
-            sampling = replace(sampling, temperature=sampling.temperature[at], keys=sampling.keys[at],
-                               top_k=None if sampling.top_k is None else sampling.top_k[at],
-                               top_p=None if sampling.top_p is None else sampling.top_p[at],
-                               randoms=[sampling.randoms[i] for i in index])
+            sampling = sampling.rows(index)
         part = self.proposer.propose(drafting, sampling, k)                      # ids only: no draft_probs
         width = part.draft_target_ids.shape[1]
         draft_target_ids = torch.zeros(len(rows), width, dtype=torch.long, device=part.draft_target_ids.device)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import torch
 
@@ -146,12 +145,7 @@ class DraftModelProposer:
             draft_probs[..., FULL_ROW_PROPOSAL] = 1.0
         if live:
             index = host_to_device(live, self.device, torch.long)
-            live_sampling = None if sampling is None else replace(
-                sampling, temperature=sampling.temperature[index],
-                top_k=None if sampling.top_k is None else sampling.top_k[index],
-                top_p=None if sampling.top_p is None else sampling.top_p[index],
-                randoms=[sampling.randoms[i] for i in live],
-                keys=None if sampling.keys is None else sampling.keys[index])
+            live_sampling = None if sampling is None else sampling.rows(live)
             drafted = self._draft([rows[i] for i in live], [pending[i] for i in live], live_sampling, k)
             draft_target_ids[index] = drafted.draft_target_ids
             if draft_probs is not None:   # a rare path (a full draft cache): q over the whole target vocabulary

@@ -25,6 +25,16 @@ class SamplingBatch:
         """Whether some row is greedy (host fact: logits_to_probs skips its one-hot pass when none is)."""
         return any(r is None for r in self.randoms)
 
+    def rows(self, index: list[int]) -> "SamplingBatch":
+        """The settings, streams and noise keys of the rows at `index` (host ints), every per-row field taken
+        (top_k_max kept: still a bound on their top-k cuts)."""
+        at = torch.tensor(index, device=self.temperature.device)
+
+        def take(values: torch.Tensor | None) -> torch.Tensor | None:
+            return None if values is None else values[at]
+        return SamplingBatch(temperature=self.temperature[at], top_k=take(self.top_k), top_p=take(self.top_p),
+                             randoms=[self.randoms[i] for i in index], keys=take(self.keys), top_k_max=self.top_k_max)
+
     @property
     def untruncated(self) -> bool:
         """Every row samples from its full softmax(logits / T): no greedy row, no top-k / top-p (host fact). Then
