@@ -26,7 +26,8 @@ from .config import ModelConfig
 from .packed_linear import TileLinear
 
 SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp", "sampling_head.cpp", "top_head.cpp")]
+           for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp", "sampling_head.cpp", "top_head.cpp",
+                        "proposal_head.cpp")]
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
 
 

@@ -99,6 +99,24 @@ class NativeHead:
                                                      self.slack_q, self.slack_h, num_rows, k, inv_temperature)
         return values, rows, (None if temperature is None else tail)
 
+    def propose(self, hidden: torch.Tensor,            # [..., K] bf16 a draft's
+                num_rows: int, selected: int,
+                temperature: torch.Tensor,             # [M] > 0, one per row of hidden
+                keys: torch.Tensor,                    # [M] int64: the target's noise key of each row
+                noise_ids: torch.Tensor | None = None,  # [>= num_rows] int64 target id per head row; None = n
+                top_k: torch.Tensor | None = None,     # [M] int64, <= 0 = no cut; None: no row cuts
+                top_p: torch.Tensor | None = None,     # [M]; None: no row cuts
+                ) -> torch.Tensor:                     # [...] long head rows
+        """A coupled draft's token (csrc/proposal_head.cpp): the Gumbel-max with sample()'s noise of each row's id over
+        the `selected` largest logits that the row's cut keeps (the first top_k, then top-p within them): approximate,
+        as a proposal may be, for the price of top()."""
+        def given(values: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty(0, dtype=dtype) if values is None else values.to(dtype)
+        return self.extension.proposal_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
+                                            self.slack_q, self.slack_h, num_rows, selected,
+                                            1.0 / temperature.to(torch.float64), keys, given(noise_ids, torch.long),
+                                            given(top_k, torch.long), given(top_p, torch.float64))
+
     def noise(self, keys: torch.Tensor,   # [M] int64
               ids: torch.Tensor,          # [M, n] int64 noise ids
               ) -> torch.Tensor:          # [M, n] float64

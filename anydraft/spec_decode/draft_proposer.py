@@ -10,7 +10,7 @@ from ..tensors import host_to_device
 from .draft_vocab import DraftVocab
 from .proposer import Proposal, SamplingBatch, empty_proposal
 from .sampling import draw_uniforms, logits_to_probs, sample_from_probs
-from .truncated_draws import propose_truncated
+from .truncated_draws import propose_coupled
 
 FULL_ROW_PROPOSAL = 0  # target id proposed by a row whose draft cache is full (any id would do: it is verified)
 
@@ -170,13 +170,10 @@ class DraftModelProposer:
         for i in range(k):
             if sampling is None:
                 chosen = runner.greedy_ids(hidden)                                         # [B, 1] head rows
-            elif coupled and sampling.untruncated:   # target position i's key, each head row's target id's noise
-                chosen = runner.sample_ids(hidden, sampling.temperature, sampling.keys[:, i:i + 1],
-                                           self.vocab.head_to_target)                     # [B, 1] head rows
-            elif coupled:   # the same, within the request's top-k / top-p cut of the draft's own logits
-                chosen = propose_truncated(runner, hidden, sampling.temperature, sampling.keys[:, i:i + 1],
-                                           sampling.top_k, sampling.top_p, sampling.top_k_max,
-                                           self.vocab.head_to_target)                     # [B, 1] head rows
+            elif coupled:   # target position i's key, each head row's target id's noise, within the request's cut
+                chosen = propose_coupled(runner, hidden, sampling.temperature, sampling.keys[:, i:i + 1],
+                                         sampling.top_k, sampling.top_p, sampling.top_k_max,
+                                         self.vocab.head_to_target)                       # [B, 1] head rows
             else:
                 logits = runner.logits(hidden)                                            # [B, 1, N_head]
                 probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,

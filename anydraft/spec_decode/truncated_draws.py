@@ -11,7 +11,7 @@ each id under the step's key: a Gumbel-max restricted to the kept set, so exactl
 every native draw (a seeded request draws the same tokens whatever k and batch; coupled drafts still apply). A
 position the selection does not decide (a cut past it, ties with its last logit that may go on past it, mass bounds
 too far apart) tries a wider selection, then draws by the same rule over every logit; the others still draw from the
-selection. A coupled draft proposes under the same cut, approximately (propose_truncated).
+selection. A coupled draft proposes among its own largest logits, under the same cut, approximately (propose_coupled).
 """
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ NUCLEUS_SELECTED = 32
 # whole vocabulary cost several head screens (~6 ms a row on the shipped qwen3 head), so one undecided position of a
 # k + 1-token verification made drafting a loss under top-p.
 WIDE_SELECTED = TOP_SELECTED + TIE_ROOM
+# A coupled draft without a top-k cut draws among this many of its largest logits: on the shipped pair at T 0.7 the
+# draw among its 32 largest was the exact draw over every row at 198 of 200 draft positions (scratch).
+PROPOSAL_SELECTED = 32
 # Room on each side of the log-mass bound: the exact path sums the vocabulary in float64 (rounding ~1e-15), and a
 # cut decided 1e-9 apart from either end is decided for every rounding of the sum in between.
 MASS_ROOM = 1e-9
@@ -78,32 +81,25 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
     return drawn
 
 
-def propose_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden] a draft's
-                      temperature: torch.Tensor,     # [B] > 0
-                      keys: torch.Tensor,            # [B, S] int64 the target's noise keys
-                      top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each, as draw_truncated
-                      top_k_max: int,
-                      noise_ids: torch.Tensor | None,   # [head rows] the target id whose noise each row draws with
-                      ) -> torch.Tensor:             # [B, S] head rows
-    """A coupled draft's token under the request's cut: Gumbel-max with the target's noise over its own largest
-    logits that the cut keeps, top-p taken within them (a proposal only has to equal the target's draw often, not
-    follow the cut exactly: the target's own draw decides what is emitted). The draft's full softmax instead
-    proposed tokens the target's cut never keeps. Few ops: a draft token costs a small forward."""
-    batch, seq, _ = hidden.shape
-    selected = min(min(top_k_max, TOP_SELECTED) or NUCLEUS_SELECTED, runner.num_token_rows)
-    values, rows, _ = runner.native_head.top(hidden, runner.num_token_rows, selected)   # [B, S, M] each
-    scaled = values.double() / temperature.to(torch.float64).view(batch, 1, 1)
-    kept = torch.ones_like(scaled, dtype=torch.bool)
-    if top_k is not None:   # 0 = no cut
-        rank = torch.arange(selected, device=scaled.device)
-        kept = (rank < top_k.view(batch, 1, 1)) | (top_k.view(batch, 1, 1) <= 0)
-    if top_p is not None:
-        probs = scaled.masked_fill(~kept, float("-inf")).softmax(dim=-1)
-        kept = kept & (probs.cumsum(dim=-1) - probs < top_p.to(probs.dtype).view(batch, 1, 1))
-    ids = rows if noise_ids is None else noise_ids[rows]
-    noise = runner.native_head.noise(keys.reshape(-1), ids.reshape(batch * seq, -1)).view_as(scaled)
-    perturbed = (scaled + noise).masked_fill(~kept, float("-inf"))
-    return rows.gather(-1, perturbed.argmax(dim=-1, keepdim=True)).squeeze(-1)
+def propose_coupled(runner, hidden: torch.Tensor,   # [B, S, hidden] a draft's
+                    temperature: torch.Tensor,     # [B] > 0
+                    keys: torch.Tensor,            # [B, S] int64 the target's noise keys
+                    top_k: torch.Tensor | None, top_p: torch.Tensor | None,   # [B] each, as draw_truncated
+                    top_k_max: int,
+                    noise_ids: torch.Tensor | None,   # [head rows] the target id whose noise each row draws with
+                    ) -> torch.Tensor:             # [B, S] head rows
+    """A coupled draft's token: Gumbel-max with the target's noise over its own largest logits that the request's cut
+    keeps (NativeHead.propose; top-p taken within them). A proposal only has to equal the target's draw often, not
+    follow the softmax or the cut exactly: the target's own draw decides what is emitted. The exact sampling head
+    costs a draft token twice the greedy one (it bounds the noise of every block it cannot rule out), and the draft's
+    full softmax proposed tokens the target's cut never keeps."""
+    seq = hidden.shape[1]
+    selected = min(min(top_k_max, TOP_SELECTED) or PROPOSAL_SELECTED, runner.num_token_rows)
+
+    def per_position(row_values: torch.Tensor | None) -> torch.Tensor | None:   # [B] -> [B * S]
+        return None if row_values is None else row_values.repeat_interleave(seq)
+    return runner.native_head.propose(hidden, runner.num_token_rows, selected, per_position(temperature),
+                                      keys.reshape(-1), noise_ids, per_position(top_k), per_position(top_p))
 
 
 def cutoff_within_mass_bound(scaled: torch.Tensor,   # [B, S, M] the M largest scaled logits, descending

@@ -297,7 +297,7 @@ def test_coupled_draws_stay_exact_when_probes_draft_for_one_row(target, tli_draf
                          ids=["top-k", "top-k and top-p", "top-p alone"])
 def test_a_coupled_draft_proposes_within_the_request_s_cut(target, tli_draft, monkeypatch, cut):
     """Under a top-k / top-p cut the draft draws with the target's noise among the tokens its own logits keep by the
-    same cut (truncated_draws.propose_truncated): it proposes the target's draw more often than drawing from its full
+    same cut (truncated_draws.propose_coupled): it proposes the target's draw more often than drawing from its full
     softmax (the control: the draft's draws as before), and each seeded request's tokens stay the target alone's."""
     import anydraft.spec_decode.draft_proposer as draft_proposer
     llm = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64,
@@ -307,8 +307,8 @@ def test_a_coupled_draft_proposes_within_the_request_s_cut(target, tli_draft, mo
     assert _seeded_ids(llm, seed0=95_000, temperature=1.0, **cut) == expected
     within_cut = llm.stats.num_accepted / llm.stats.num_drafted
     llm.engine.stats = type(llm.stats)(llm.engine.k)
-    # Control: the draft's draws from its full softmax (what propose_truncated replaced), same noise.
-    monkeypatch.setattr(draft_proposer, "propose_truncated",
+    # Control: the draft's exact draws from its full softmax, same noise.
+    monkeypatch.setattr(draft_proposer, "propose_coupled",
                         lambda runner, hidden, temperature, keys, top_k, top_p, top_k_max, noise_ids:
                         runner.sample_ids(hidden, temperature, keys, noise_ids))
     assert _seeded_ids(llm, seed0=95_000, temperature=1.0, **cut) == expected

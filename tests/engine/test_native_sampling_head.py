@@ -270,3 +270,58 @@ def test_sample_rejects_a_non_positive_temperature():
     head = _head(100, seed=15)
     with pytest.raises(RuntimeError, match="temperature"):
         head.sample(torch.ones(1, 128).bfloat16(), 100, torch.zeros(1), torch.tensor([1]))
+
+
+def _proposal_reference(head: NativeHead, hidden: torch.Tensor, num_rows: int, selected: int,
+                        temperature: torch.Tensor, keys: torch.Tensor, noise_ids: np.ndarray | None,
+                        top_k: list[int] | None, top_p: list[float] | None) -> list[int]:
+    """Brute force of a proposal: every logit, the `selected` largest (the lower row first on ties), the first top_k of
+    them, top-p within those (the mass before a row below top_p), then the Gumbel-max of the rows' ids' noise."""
+    logits = head.logits(hidden)[:, :num_rows].double().numpy()
+    out = []
+    for m in range(logits.shape[0]):
+        order = np.lexsort((np.arange(num_rows), -logits[m]))[:selected]
+        kept = order[:top_k[m]] if top_k is not None and top_k[m] > 0 else order
+        scaled = logits[m][kept] / float(temperature[m])
+        if top_p is not None and top_p[m] < 1:
+            probs = np.exp(scaled - scaled[0]) / np.exp(scaled - scaled[0]).sum()
+            kept = kept[:max(1, int(((np.cumsum(probs) - probs) < top_p[m]).sum()))]
+            scaled = scaled[:len(kept)]
+        ids = kept if noise_ids is None else noise_ids[kept]
+        out.append(int(kept[np.argmax(scaled + _noise(int(keys[m]), ids))]))
+    return out
+
+
+@pytest.mark.parametrize("cut", [{}, {"top_k": [4, 0, 9, 1, 40, 3, 0, 7]}, {"top_p": [0.5, 1.0, 0.9, 0.2] * 2},
+                                 {"top_k": [4, 0, 9, 1, 40, 3, 0, 7], "top_p": [0.5, 1.0, 0.9, 0.2] * 2}],
+                         ids=["no cut", "top-k", "top-p", "both"])
+@pytest.mark.parametrize("mapped", [False, True], ids=["own ids", "other ids"])
+def test_a_proposal_is_the_gumbel_max_over_the_largest_logits_the_cut_keeps(cut, mapped):
+    """NativeHead.propose (csrc/proposal_head.cpp) against the brute force: the largest logits, the cut, the noise of
+    each row's id under its key."""
+    head = _head(3000, seed=40, scale=0.1)
+    ids = np.random.default_rng(41).choice(150_000, 3000, replace=False) if mapped else None
+    hidden = (torch.randn(8, 128, generator=torch.Generator().manual_seed(42)) * 3).bfloat16()
+    temps, keys = torch.tensor([0.3, 0.7, 1.0, 2.5] * 2), _keys(8, 43)
+    top_k, top_p = cut.get("top_k"), cut.get("top_p")
+    proposed = head.propose(hidden, 3000, 32, temps, keys, None if ids is None else torch.from_numpy(ids),
+                            None if top_k is None else torch.tensor(top_k), None if top_p is None else torch.tensor(top_p))
+    assert proposed.tolist() == _proposal_reference(head, hidden, 3000, 32, temps, keys, ids, top_k, top_p)
+
+
+def test_an_uncut_proposal_is_the_exact_draw_wherever_that_lies_among_the_selected():
+    """Without a cut a proposal is the exact sampling head's draw (the Gumbel-max over every row, same noise) exactly
+    where that row is among the selected largest logits, and another row where it is not. Control: a selection of
+    one (the draft's greedy token) agrees far less often."""
+    head = _head(3000, seed=44, scale=0.1)
+    hidden = (torch.randn(400, 128, generator=torch.Generator().manual_seed(45)) * 3).bfloat16()
+    temps, keys = torch.full((400,), 0.7), _keys(400, 46)
+    exact = head.sample(hidden, 3000, temps, keys)
+    proposed = head.propose(hidden, 3000, 32, temps, keys)
+    _, selection, _ = head.top(hidden, 3000, 32)
+    inside = (selection == exact[:, None]).any(dim=1)
+    assert torch.equal(proposed == exact, inside)
+    agree = inside.float().mean().item()
+    greedy_agree = (head.propose(hidden, 3000, 1, temps, keys) == exact).float().mean().item()
+    print(f"\n[proposal] agrees with the exact draw {agree:.3f}; a selection of one {greedy_agree:.3f}")
+    assert agree > 0.9 and greedy_agree < agree - 0.1

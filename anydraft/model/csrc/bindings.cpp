@@ -1,5 +1,6 @@
 // The Python module of the native kernels: decoder.cpp (the decoder body), greedy_head.cpp (the output head's logits
-// and greedy token), sampling_head.cpp (its sampled token and its noise), top_head.cpp (its k largest logits).
+// and greedy token), sampling_head.cpp (its sampled token and its noise), top_head.cpp (its k largest logits),
+// proposal_head.cpp (a coupled draft's token among them).
 #include <torch/extension.h>
 
 #include <tuple>
@@ -25,6 +26,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
     torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale, torch::Tensor q_sum,
     torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows, int64_t k, torch::Tensor inv_temperature);
 
+torch::Tensor proposal_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
+                            torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows,
+                            int64_t selected, torch::Tensor inv_temperature, torch::Tensor keys,
+                            torch::Tensor noise_ids, torch::Tensor top_k, torch::Tensor top_p);
+
 bool matmul_uses_amx(int64_t K);
 bool screen_uses_amx_tiles(int64_t rows);
 
@@ -40,5 +46,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("greedy_head", &greedy_head, "exact argmax of head_logits, screened by an int8 copy of the head");
   m.def("sampling_head", &sampling_head, "exact Gumbel-max draw from softmax(head_logits / T), screened likewise");
   m.def("head_noise", &head_noise, "the sampling head's float64 noise of each (key, id): keys [M], ids [M, n]");
+  m.def("proposal_head", &proposal_head, "a coupled draft's token: Gumbel-max with given noise ids over the largest head_logits a top-k / top-p cut keeps");
   m.def("top_head", &top_head, "the k largest head_logits (values, rows) per activation row, screened likewise, and given temperatures bounds on the log-mass of the rest");
 }

@@ -24,6 +24,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "noise.h"
 #include "screen.h"
 
 #include <cmath>
@@ -34,38 +35,6 @@
 using namespace anydraft_native;
 
 namespace {
-
-inline uint32_t lowbias32(uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x *= 0x846CA68Bu;
-  return x ^ (x >> 16);
-}
-
-inline uint32_t hash_high(uint64_t key, uint32_t n) {   // z's high half
-  return lowbias32(lowbias32(n * 0x9E3779B9u + uint32_t(key)) ^ uint32_t(key >> 32));
-}
-
-inline uint32_t hash_low(uint64_t key, uint32_t n) {    // z's low half
-  return lowbias32(lowbias32(n * 0x85EBCA6Bu + uint32_t(key >> 32)) ^ uint32_t(key) ^ 0x5BD1E995u);
-}
-
-constexpr uint32_t BLOCK_COUNTER = 0x80000000u;   // a block's counter: its id >> 4 with the top bit set
-
-inline uint64_t hash64(uint64_t key, uint32_t counter) {
-  return (uint64_t(hash_high(key, counter)) << 32) | hash_low(key, counter);
-}
-
-inline double uniform_of(uint64_t z) { return (double(z >> 11) + 0.5) * 0x1p-53; }   // in (0, 1)
-
-// The exact noise of id n (float64): its block's largest noise, or a Gumbel truncated below it (see the top).
-inline double gumbel(uint64_t key, int64_t n) {
-  const uint64_t z0 = hash64(key, uint32_t(n >> 4) | BLOCK_COUNTER);
-  const double w0 = -std::log(uniform_of(z0));
-  if (uint32_t(n & 15) == uint32_t(z0 & 15)) return -std::log(w0 / 16.0);
-  return -std::log(w0 / 16.0 - std::log(uniform_of(hash64(key, uint32_t(n)))));
-}
 
 inline __m512i lowbias32x16(__m512i x) {
   x = _mm512_xor_si512(x, _mm512_srli_epi32(x, 16));
