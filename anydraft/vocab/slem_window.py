@@ -11,7 +11,8 @@ The draft writes text; the target must verify it as target tokens. Two edges of 
   mid-character, where a longer text would tokenize differently. Only tokens that end at or before the
   last *stable* boundary are proposed: a boundary no continuation can move. For a pre-tokenizer (byte-level
   BPE: gpt2, qwen3, smollm2) that is the start of the last pre-token, since pre-tokens are tokenized
-  independently and only the last one can still grow or re-split. For SentencePiece BPE without a
+  independently and only the last one can still grow or re-split, or of the run of whitespace pre-tokens the text
+  ends with (a run re-splits as a whole). For SentencePiece BPE without a
   pre-tokenizer (llama2, mistral) it is the last `▁` that follows a non-`▁` char, as no piece of the
   vocabulary spans such a point (checked at load). An incomplete UTF-8 tail is cut before tokenizing.
   A text that ends at a draft special token (end of text) is final as a whole.
@@ -123,8 +124,13 @@ class SlemWindow:
         if len(normalized) != len(text):
             return 0   # offsets would not map back; trust nothing (only space -> ▁ is kept, which keeps lengths)
         if self._pre_tokenizer is not None:
-            pieces = self._pre_tokenizer.pre_tokenize_str(normalized)
-            start = pieces[-1][1][0] if pieces else 0
+            offsets = [span for _, span in self._pre_tokenizer.pre_tokenize_str(normalized)]
+            # Whitespace pre-tokens at the end re-split as one run: '\n' then ' ' is '\n \n' once a newline follows
+            # (qwen3's \s*[\r\n]+), so the run's start is the last boundary no continuation moves.
+            last = len(offsets) - 1
+            while last > 0 and normalized[offsets[last - 1][0]:offsets[last][1]].isspace():
+                last -= 1
+            start = offsets[last][0] if offsets else 0
         elif self._word_marks:
             start = next((i for i in range(len(normalized) - 1, 0, -1)
                           if normalized[i] == SPIECE_UNDERLINE and normalized[i - 1] != SPIECE_UNDERLINE), 0)
