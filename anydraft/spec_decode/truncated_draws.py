@@ -97,7 +97,7 @@ def propose_coupled(runner, hidden: torch.Tensor,   # [B, S, hidden] a draft's
     selected = min(min(top_k_max, TOP_SELECTED) or PROPOSAL_SELECTED, runner.num_token_rows)
 
     def per_position(row_values: torch.Tensor | None) -> torch.Tensor | None:   # [B] -> [B * S]
-        return None if row_values is None else row_values.repeat_interleave(seq)
+        return row_values if row_values is None or seq == 1 else row_values.repeat_interleave(seq)
     return runner.native_head.propose(hidden, runner.num_token_rows, selected, per_position(temperature),
                                       keys.reshape(-1), noise_ids, per_position(top_k), per_position(top_p))
 
