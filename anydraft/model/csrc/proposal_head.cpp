@@ -6,6 +6,7 @@
 // ops around it (a draft token is a small forward: around it, each op's microseconds counted).
 #include <torch/extension.h>
 
+#include "entry_points.h"
 #include "noise.h"
 
 #include <cmath>
@@ -13,10 +14,6 @@
 #include <tuple>
 
 using namespace anydraft_native;
-
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> top_head(
-    torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale, torch::Tensor q_sum,
-    torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows, int64_t k, torch::Tensor inv_temperature);
 
 // A head row per row of hidden [..., K]: argmax over the `selected` largest logits (top_head's, rank order) that
 // row m keeps of logit * inv_temperature[m] + gumbel(keys[m], noise_ids[row]) (noise_ids int64 [>= num_rows]; empty:
