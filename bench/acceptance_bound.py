@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import heapq
 import json
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from anydraft.bench.acceptance_model import chain_lengths, tree_length  # noqa: E402
 from anydraft.bench.interleave import step_interleaved  # noqa: E402
 from anydraft.config import SamplingParams  # noqa: E402
 from anydraft.eval import gsm8k  # noqa: E402
@@ -49,34 +49,6 @@ MAX_RANK = 4           # draft candidates per position looked at for trees
 NOISE_DRAWS = 512      # Gumbel draws per position for the coupled rates
 SUPPORT = 4096         # the coupled rates look at the union of p's and q's largest entries (the rest has ~no mass)
 TREE_NODES = (5, 8, 16, 32, 64)
-
-
-def chain_lengths(accept: torch.Tensor,  # [T] per-position acceptance probability (or 0/1)
-                  k: int) -> float:
-    """Mean over start positions of sum_{j=0..k} prod_{i<j} accept[t+i] (positions past the end count 0)."""
-    padded = torch.cat([accept.double(), torch.zeros(k, dtype=torch.float64)])
-    total = torch.ones(len(accept), dtype=torch.float64)
-    running = torch.ones(len(accept), dtype=torch.float64)
-    for i in range(k):
-        running = running * padded[i:i + len(accept)]
-        total += running
-    return float(total.mean())
-
-
-def tree_length(rank_accept: list[float], num_nodes: int) -> float:
-    """1 + the largest sum of path products over a tree of num_nodes drafted nodes, where a node's r-th child is
-    accepted with rank_accept[r] (Sequoia's positional model). Greedy on the frontier is optimal: a child is never
-    worth more than its parent or its better-ranked sibling."""
-    frontier = [(-rank_accept[0], 1.0, 0)]   # (-value, parent value, rank)
-    total = 0.0
-    for _ in range(num_nodes):
-        negative, parent, rank = heapq.heappop(frontier)
-        value = -negative
-        total += value
-        heapq.heappush(frontier, (-value * rank_accept[0], value, 0))            # its best child
-        if rank + 1 < len(rank_accept):
-            heapq.heappush(frontier, (-parent * rank_accept[rank + 1], parent, rank + 1))   # its next sibling
-    return 1.0 + total
 
 
 class Pair:
