@@ -18,6 +18,11 @@ import torch
 SCREEN_WIDTH = 64   # VNNI takes 64 int8 at a time: the hidden size must be a multiple
 
 
+def _given(values: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """An optional per-row input as the kernels take it: empty for None."""
+    return torch.empty(0, dtype=dtype) if values is None else values.to(dtype)
+
+
 def _round_up(values: torch.Tensor) -> torch.Tensor:
     """float64 -> the float32 at or above each value, so a bound built from it never falls short."""
     down = values.float()
@@ -80,11 +85,10 @@ class NativeHead:
         head row n a fixed function of (key, noise_ids[n]): the same key and hidden state give the same token in any
         batch, and two heads given the same key draw with the same noise for the same id (coupled draws). With
         floors, the softmax over the rows whose logit is at least the row's floor (a cut that keeps a prefix)."""
-        ids = torch.empty(0, dtype=torch.long) if noise_ids is None else noise_ids.to(torch.long)
-        floor = torch.empty(0) if floors is None else floors.to(torch.float32)
         return self.extension.sampling_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
                                             self.slack_q, self.slack_h, num_rows,
-                                            1.0 / temperature.to(torch.float64), keys, ids, floor)
+                                            1.0 / temperature.to(torch.float64), keys, _given(noise_ids, torch.long),
+                                            _given(floors, torch.float32))
 
     def top(self, hidden: torch.Tensor, num_rows: int, k: int, temperature: torch.Tensor | None = None,   # [M]
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -110,12 +114,10 @@ class NativeHead:
         """A coupled draft's token (csrc/proposal_head.cpp): the Gumbel-max with sample()'s noise of each row's id over
         the `selected` largest logits that the row's cut keeps (the first top_k, then top-p within them): approximate,
         as a proposal may be, for the price of top()."""
-        def given(values: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-            return torch.empty(0, dtype=dtype) if values is None else values.to(dtype)
         return self.extension.proposal_head(hidden, self.weight, self.q_blocks, self.row_scale, self.q_sum,
                                             self.slack_q, self.slack_h, num_rows, selected,
-                                            1.0 / temperature.to(torch.float64), keys, given(noise_ids, torch.long),
-                                            given(top_k, torch.long), given(top_p, torch.float64))
+                                            1.0 / temperature.to(torch.float64), keys, _given(noise_ids, torch.long),
+                                            _given(top_k, torch.long), _given(top_p, torch.float64))
 
     def noise(self, keys: torch.Tensor,   # [M] int64
               ids: torch.Tensor,          # [M, n] int64 noise ids

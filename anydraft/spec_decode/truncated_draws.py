@@ -59,7 +59,7 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
     # The rest's mass only where a row divides by the vocabulary's: top-p without top-k.
     needs_mass = top_p is not None and top_k_max == 0
     values, rows, rest_mass = runner.native_head.top(hidden, num_rows, selected,
-                                                     temperature.repeat_interleave(seq) if needs_mass else None)
+                                                     _per_position(temperature, seq) if needs_mass else None)
     scaled = values.double() / temperature.to(torch.float64).view(batch, 1, 1)        # [B, S, M]
     cutoff, decided = cutoff_within_mass_bound(scaled, top_k, top_p, num_rows, rest_mass)   # [B, S, 1] each
     noise = runner.native_head.noise(keys.reshape(-1), rows.reshape(batch * seq, -1)).view_as(scaled)
@@ -73,7 +73,7 @@ def draw_truncated(runner, hidden: torch.Tensor,   # [B, S, hidden]
         at = undecided.nonzero().squeeze(-1)                                            # [N]
 
         def per_position(row_values: torch.Tensor | None) -> torch.Tensor | None:   # [B] -> [N]
-            return None if row_values is None else row_values.repeat_interleave(seq)[at]
+            return None if row_values is None else _per_position(row_values, seq)[at]
         again = (hidden.reshape(-1, 1, width)[at], per_position(temperature), keys.reshape(-1, 1)[at],
                  per_position(top_k), per_position(top_p))
         drawn.view(-1)[at] = (draw_truncated(runner, *again, top_k_max, WIDE_SELECTED) if selected < WIDE_SELECTED
@@ -95,11 +95,14 @@ def propose_coupled(runner, hidden: torch.Tensor,   # [B, S, hidden] a draft's
     full softmax proposed tokens the target's cut never keeps."""
     seq = hidden.shape[1]
     selected = min(min(top_k_max, TOP_SELECTED) or PROPOSAL_SELECTED, runner.num_token_rows)
+    return runner.native_head.propose(hidden, runner.num_token_rows, selected, _per_position(temperature, seq),
+                                      keys.reshape(-1), noise_ids, _per_position(top_k, seq),
+                                      _per_position(top_p, seq))
 
-    def per_position(row_values: torch.Tensor | None) -> torch.Tensor | None:   # [B] -> [B * S]
-        return row_values if row_values is None or seq == 1 else row_values.repeat_interleave(seq)
-    return runner.native_head.propose(hidden, runner.num_token_rows, selected, per_position(temperature),
-                                      keys.reshape(-1), noise_ids, per_position(top_k), per_position(top_p))
+
+def _per_position(row_values: torch.Tensor | None, seq: int) -> torch.Tensor | None:   # [B] -> [B * S]
+    """A per-row setting for each of a row's S positions (the heads take one per activation row)."""
+    return row_values if row_values is None or seq == 1 else row_values.repeat_interleave(seq)
 
 
 def cutoff_within_mass_bound(scaled: torch.Tensor,   # [B, S, M] the M largest scaled logits, descending

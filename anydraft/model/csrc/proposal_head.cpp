@@ -12,6 +12,7 @@
 #include <cmath>
 #include <limits>
 #include <tuple>
+#include <vector>
 
 using namespace anydraft_native;
 
@@ -51,12 +52,12 @@ torch::Tensor proposal_head(torch::Tensor hidden, torch::Tensor weight, torch::T
     const int64_t* r = rp + m * selected;
     int64_t kept = tkp && tkp[m] > 0 ? std::min(tkp[m], selected) : selected;
     if (tpp && tpp[m] < 1.0 && std::isfinite(v[0])) {   // the smallest prefix whose mass reaches top_p
+      std::vector<double> weights(kept);   // exp((logit - largest) / T), each once
       double total = 0;
-      for (int64_t i = 0; i < kept; ++i) total += std::exp((double(v[i]) - double(v[0])) * invp[m]);
+      for (int64_t i = 0; i < kept; ++i) total += weights[i] = std::exp((double(v[i]) - double(v[0])) * invp[m]);
       double before = 0;
       int64_t nucleus = 0;
-      while (nucleus < kept && before < tpp[m] * total)
-        before += std::exp((double(v[nucleus++]) - double(v[0])) * invp[m]);
+      while (nucleus < kept && before < tpp[m] * total) before += weights[nucleus++];
       kept = std::max<int64_t>(nucleus, 1);
     }
     double best = -std::numeric_limits<double>::infinity();
