@@ -79,7 +79,7 @@ def dspark_loss(draft: DSparkDraft, target, input_ids, loss_mask, aux_ids, head_
     context = draft.fuse_target_states(states)                                     # [B, T, H]
     positions = torch.arange(seq_len)[None].expand(batch, -1)
     cache = BlockCache()
-    ctx_win = CacheWindow(rows=None, positions=positions, mask=None, num_keys=seq_len)
+    ctx_win = CacheWindow(positions=positions, mask=None, num_keys=seq_len)
     draft.write_context(context, cache, ctx_win)
     # mask [B, 1, A*block, T + A*block]: context before the anchor, and the query's own block
     key_ctx = torch.arange(seq_len)[None, None, None, :] < anchors[:, :, None, None]             # [B, A, 1, T]
@@ -88,7 +88,7 @@ def dspark_loss(draft: DSparkDraft, target, input_ids, loss_mask, aux_ids, head_
     key_blk = (own[:, None] == own[None, :])[None].expand(batch, -1, -1)
     visible = torch.cat([key_ctx, key_blk], dim=-1)
     mask = torch.zeros(visible.shape, dtype=context.dtype).masked_fill_(~visible, float("-inf"))[:, None]
-    win = CacheWindow(rows=None, positions=slot_pos.reshape(batch, -1), mask=mask, num_keys=visible.shape[-1])
+    win = CacheWindow(positions=slot_pos.reshape(batch, -1), mask=mask, num_keys=visible.shape[-1])
     hidden = draft(ids.reshape(batch, -1), cache, win)                                # [B, A*block, H]
     logits = draft.logits(hidden).view(batch, num_anchors, block, -1).float()
     # slot i: anchor-first learns position p+i with previous token x_{p+i}; 1+N learns p+i-1 with x_{p+i-1}

@@ -63,7 +63,7 @@ def chain_window(seq_len: int, step: int, dtype, device) -> CacheWindow:
     visible = torch.cat(blocks, dim=1)                                         # [S, S * (step+1)]
     mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(~visible, float("-inf"))
     positions = (idx + step)[None]                                              # [1, S]
-    return CacheWindow(rows=None, positions=positions, mask=mask[None, None], num_keys=visible.shape[1])
+    return CacheWindow(positions=positions, mask=mask[None, None], num_keys=visible.shape[1])
 
 
 def aux_layer_ids(num_layers: int) -> list[int]:

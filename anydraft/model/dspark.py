@@ -8,6 +8,8 @@ speculators builds them. Parameter names are the speculators checkpoint's.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -114,17 +116,9 @@ class DSparkDraft(nn.Module):
 def block_window(cache: KVCache, rows: list[int], block_size: int) -> CacheWindow:
     """Positions and mask for a block after each row's cached context: every block query sees the whole
     context and the whole block (bidirectional), nothing past it. The block's entries are not kept."""
-    lengths = [cache.lengths[r] for r in rows]
-    if max(lengths) + block_size > cache.max_len:
-        raise ValueError(f"sequence would reach {max(lengths) + block_size} positions, past the draft cache's "
-                         f"{cache.max_len}")
-    device = cache.device
-    lengths_t = torch.tensor(lengths, dtype=torch.long).to(device, non_blocking=True)
-    positions = lengths_t[:, None] + torch.arange(block_size, device=device)[None]            # [B, block]
-    end = max(lengths) + block_size
-    visible = torch.arange(end, device=device)[None, :] < (lengths_t + block_size)[:, None]   # [B, T]
-    mask = torch.zeros(visible.shape, dtype=cache.k.dtype, device=device).masked_fill_(~visible, float("-inf"))
-    rows_t = torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
-    return CacheWindow(rows=rows_t, positions=positions, mask=mask[:, None, None, :].expand(-1, 1, block_size, -1),
-                       num_keys=end)
-
+    win = cache.window(rows, block_size)
+    lengths_t = torch.tensor([cache.lengths[r] for r in rows], dtype=torch.long)
+    visible = torch.arange(win.num_keys)[None, :] < (lengths_t + block_size)[:, None]          # [B, T]
+    mask = torch.zeros(visible.shape, dtype=cache.k.dtype).masked_fill_(~visible, float("-inf"))
+    mask = mask.to(cache.device, non_blocking=True)[:, None, None, :].expand(-1, 1, block_size, -1)
+    return replace(win, mask=mask)

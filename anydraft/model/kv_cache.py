@@ -1,131 +1,253 @@
-"""Static preallocated KV cache with per-row lengths; rollback is `rewind`."""
+"""The paged KV cache: a pool of fixed-size blocks, per-row block tables and lengths; rollback and prefix reuse.
+
+A row is a sequence's handle (a request's slot); its entries live in the blocks of its table, position p in
+block table[p // BLOCK_TOKENS] at offset p % BLOCK_TOKENS. Attention reads through the table in both paths (the
+native kernels take it as an index tensor, the PyTorch path gathers by flat slot), keys in position order, so a
+block boundary changes no logit. Blocks are reserved before a forward writes (`reserve`; the scheduler asks for
+them, and `window`/`host_positions` check them), and whole blocks past a row's length are freed by every rollback.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from .block_pool import NULL_BLOCK, BlockPool
+
+BLOCK_TOKENS = 16   # tokens per block: the native attention's key group, so blocks keep its reduction order
+
+
+class CacheFull(MemoryError):
+    """The block pool cannot hold the tokens a forward would write (the scheduler preempts before this)."""
+
 
 @dataclass
 class CacheWindow:
-    """What every layer needs for one forward over S new tokens of some cache rows (built once per forward)."""
-    rows: torch.Tensor | None   # [B] slot indices on device; None = all slots, in order
+    """What every layer of the PyTorch path needs for one forward over S new tokens of some rows."""
     positions: torch.Tensor     # [B, S] absolute positions of the new tokens
-    mask: torch.Tensor          # [B, 1, S, T] additive, in the cache's dtype: 0 = key visible, -inf = hidden
-    num_keys: int               # T = max(length) + S over the rows
-    single_row: tuple[int, int] | None = None   # (row, start) when B = 1 and nothing is padded: plain slicing
+    mask: torch.Tensor | None   # [B, 1, S, T] additive, in the cache's dtype: 0 = key visible, -inf = hidden
+    num_keys: int               # T
+    # None where no KVCache is read (training's own caches): then only positions, mask and num_keys are.
+    write_slots: torch.Tensor | None = None   # [B, S] flat slot (block * BLOCK_TOKENS + offset) of each new k/v
+    read_slots: torch.Tensor | None = None    # [B, T] flat slot of each key position 0..T-1 of each row
+
+
+def blocks_for(num_tokens: int) -> int:
+    return -(-num_tokens // BLOCK_TOKENS)
 
 
 class KVCache:
-    """K and V per layer as [B_max, L_max, H_kv, D]; `lengths` (host ints) says how many entries are valid.
+    """K and V per layer as [num_blocks, BLOCK_TOKENS, H_kv, D]; `lengths` (host ints) says how many entries of each
+    row are valid. Entries past a row's length are stale: masked out and overwritten by the next write.
 
-    Entries past a row's length are stale: they are masked out of attention and overwritten by the next
-    write, so rewinding is only lowering the length.
-
-    One extra slot per row past max_len takes the padding of right-padded batches: a row whose real tokens
-    end near max_len can share a forward with a row that has more new tokens, its padding lands there.
-    """
+    num_blocks None: enough for every row at max_len (the most a caller can ask of this cache)."""
 
     def __init__(self, num_layers: int, max_batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
-        shape = (num_layers, max_batch, max_len + 1, num_kv_heads, head_dim)   # + the padding slot
+                 dtype: torch.dtype, device: torch.device | str, num_blocks: int | None = None):
+        self.max_blocks_per_row = blocks_for(max_len)
+        if num_blocks is None:
+            num_blocks = max_batch * self.max_blocks_per_row + 1
+        self.pool = BlockPool(num_blocks, BLOCK_TOKENS)
+        shape = (num_layers, num_blocks, BLOCK_TOKENS, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_batch = max_batch
         self.max_len = max_len
         self.device = torch.device(device)
-        self.lengths = [0] * max_batch  # host-side: known without a device sync
+        self.lengths = [0] * max_batch    # host-side: known without a device sync
+        self.tables: list[list[int]] = [[] for _ in range(max_batch)]
+        # The tables as one host tensor for the native kernels (NULL_BLOCK past a row's blocks).
+        self.block_table = torch.full((max_batch, self.max_blocks_per_row), NULL_BLOCK, dtype=torch.long)
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """K and V of one token over all layers."""
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the pool holds when full."""
+        return self.pool.usable_blocks * BLOCK_TOKENS
+
+    def free_tokens(self) -> int:
+        return self.pool.num_free * BLOCK_TOKENS
 
     def length(self, row: int) -> int:
         return self.lengths[row]
 
+    def entries(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row's valid keys and values, [L, length, H_kv, D] each (a copy; for checks and tools)."""
+        n = self.lengths[row]
+        blocks = torch.tensor(self.tables[row][:blocks_for(n)], dtype=torch.long, device=self.device)
+        flat = lambda t: t[:, blocks].flatten(1, 2)[:, :n]   # noqa: E731
+        return flat(self.k), flat(self.v)
+
+    # -- blocks -----------------------------------------------------------------------------------------------
+    def blocks_needed(self, row: int, end: int) -> int:
+        """Blocks the pool must hand out for the row to hold positions [0, end) and write from its length on."""
+        table, bs = self.tables[row], BLOCK_TOKENS
+        first = self.lengths[row] // bs
+        copies = sum(1 for b in table[first:blocks_for(end)] if self.pool.is_shared(b))
+        return max(blocks_for(end) - len(table), 0) + copies
+
+    def can_reserve(self, rows: list[int], ends: list[int]) -> bool:
+        return sum(self.blocks_needed(r, e) for r, e in zip(rows, ends)) <= self.pool.num_free
+
+    def reserve(self, rows: list[int], ends: list[int]) -> None:
+        """Make each row able to write positions [length, end): new blocks past its table, and its own copy of a
+        block it shares (copy on write); a cached block it alone holds leaves the prefix cache (it will change).
+        All or nothing: raises CacheFull, changing nothing, where the pool is short."""
+        if not self.can_reserve(rows, ends):
+            raise CacheFull(f"the KV cache has {self.free_tokens()} free tokens, too few for this forward; "
+                            f"give it more memory (--kv-cache-memory) or lower max_num_seqs")
+        for row, end in zip(rows, ends):
+            if end > self.max_len:
+                raise ValueError(f"sequence would reach {end} tokens, past the cache's max_len {self.max_len}; "
+                                 f"raise max_model_len or shorten the prompt / max_tokens")
+            table = self.tables[row]
+            for i in range(self.lengths[row] // BLOCK_TOKENS, min(len(table), blocks_for(end))):
+                block = table[i]
+                if self.pool.is_shared(block):
+                    self._set_block(row, i, self._copy_block(block))
+                    self.pool.release([block])
+                elif self.pool.is_cached(block):
+                    self.pool.forget(block)
+            while len(table) < blocks_for(end):
+                self._set_block(row, len(table), self.pool.allocate())
+
+    def _set_block(self, row: int, index: int, block: int) -> None:
+        table = self.tables[row]
+        if index == len(table):
+            table.append(block)
+        else:
+            table[index] = block
+        self.block_table[row, index] = block
+
+    def _copy_block(self, block: int) -> int:
+        fresh = self.pool.allocate()
+        self.k[:, fresh] = self.k[:, block]
+        self.v[:, fresh] = self.v[:, block]
+        return fresh
+
+    def _trim(self, row: int) -> None:
+        """Free the row's blocks past its length."""
+        table, keep = self.tables[row], blocks_for(self.lengths[row])
+        if len(table) > keep:
+            self.pool.release(table[keep:])
+            self.block_table[row, keep:len(table)] = NULL_BLOCK
+            del table[keep:]
+
+    # -- lengths and rollback --------------------------------------------------------------------------------------
     def rewind(self, rows: list[int], num_tokens: list[int]) -> None:
-        """Forget the last num_tokens[i] entries of rows[i]."""
+        """Forget the last num_tokens[i] entries of rows[i]; blocks no longer used go back to the pool."""
         for row, n in zip(rows, num_tokens):
             if n < 0 or n > self.lengths[row]:
                 raise ValueError(f"cannot rewind row {row} by {n}: it holds {self.lengths[row]} entries")
-            self.lengths[row] -= n
+            if n:
+                self.lengths[row] -= n
+                self._trim(row)
 
     def truncate(self, row: int, length: int) -> None:
         """Keep only the first `length` entries of a row."""
         self.rewind([row], [self.lengths[row] - length])
 
     def keep_at_most(self, rows: list[int], lengths: list[int]) -> None:
-        """Keep at most lengths[i] entries of rows[i] (a row already shorter keeps its own): a batch of truncations
-        in one call, none per row."""
+        """Keep at most lengths[i] entries of rows[i] (a row already shorter keeps its own)."""
         held = self.lengths
         for row, length in zip(rows, lengths):
             if length < 0:
                 raise ValueError(f"cannot keep {length} entries of row {row}")
             if length < held[row]:
                 held[row] = length
+                self._trim(row)
 
     def reset(self, row: int) -> None:
+        """Empty the row and give its blocks back (cached ones stay cached until evicted)."""
         self.lengths[row] = 0
+        self._trim(row)
 
     def room(self, row: int) -> int:
-        """How many more tokens the row can take."""
+        """How many more tokens the row can take within max_len."""
         return self.max_len - self.lengths[row]
 
-    def _lengths_checked(self, row_list: list[int], num_new: int, num_real: list[int] | None) -> list[int]:
-        lengths = [self.lengths[r] for r in row_list]
-        real_end = (max(lengths) + num_new if num_real is None
-                    else max([length + n for length, n in zip(lengths, num_real)]))
-        if real_end > self.max_len:
-            raise ValueError(f"sequence would reach {real_end} tokens, past the cache's max_len {self.max_len}; "
-                             f"raise max_model_len or shorten the prompt / max_tokens")
-        return lengths
+    # -- prefix reuse ------------------------------------------------------------------------------------------
+    def attach_prefix(self, row: int, token_ids: list[int], max_tokens: int) -> int:
+        """Start an empty row with the longest cached prefix of token_ids (full blocks, at most max_tokens tokens);
+        returns its length in tokens. The row then writes from there (prefilling only the rest)."""
+        if self.lengths[row] or self.tables[row]:
+            raise ValueError(f"row {row} holds {self.lengths[row]} entries; reset it before attaching a prefix")
+        blocks = self.pool.match(token_ids, min(max_tokens, len(token_ids)))
+        for i, block in enumerate(blocks):
+            self.pool.share(block)
+            self._set_block(row, i, block)
+        self.lengths[row] = len(blocks) * BLOCK_TOKENS
+        return self.lengths[row]
+
+    def publish(self, row: int, token_ids: list[int]) -> None:
+        """Offer the row's full blocks to later sequences: the row holds token_ids[:length] (the caller's word)."""
+        n = min(self.lengths[row], len(token_ids))
+        self.pool.publish(self.tables[row][:n // BLOCK_TOKENS], token_ids[:n])
+
+    # -- forwards ------------------------------------------------------------------------------------------------
+    def _ends(self, rows: list[int], num_new: int, num_real: list[int] | None) -> list[int]:
+        lengths = self.lengths
+        if num_real is None:
+            return [lengths[r] + num_new for r in rows]
+        return [lengths[r] + n for r, n in zip(rows, num_real)]
+
+    def _check_reserved(self, rows: list[int], ends: list[int]) -> None:
+        """Reserve what a caller has not (a forward outside the scheduler: drafts, calibration, tools); a no-op
+        on rows whose blocks are in place, but it also takes a block being rewritten out of the prefix cache."""
+        self.reserve(rows, ends)
 
     def host_positions(self, rows: list[int], num_new: int, num_real: list[int] | None = None) -> list[int]:
-        """Cache index (= position) of each of num_new new tokens per row, row-major [B * S], as host ints.
-
-        What the native body takes instead of a CacheWindow; padding past max_len goes to the padding slot."""
-        lengths = self._lengths_checked(rows, num_new, num_real)
+        """Position of each of num_new new tokens per row, row-major [B * S], as host ints (what the native body
+        takes with `block_table`); the blocks for the real ones are reserved."""
+        self._check_reserved(rows, self._ends(rows, num_new, num_real))
         offsets = range(num_new)
-        if max(lengths) + num_new <= self.max_len:   # no padding reaches past max_len: no clamp (no call a token)
-            return [length + s for length in lengths for s in offsets]
-        return [min(length + s, self.max_len) for length in lengths for s in offsets]
+        return [self.lengths[r] + s for r in rows for s in offsets]
 
-    def window(self, rows: list[int] | None, num_new: int, num_real: list[int] | None = None) -> CacheWindow:
-        """Positions and mask for appending num_new tokens to each of `rows` (None = every slot).
+    def window(self, rows: list[int], num_new: int, num_real: list[int] | None = None) -> CacheWindow:
+        """Positions, slots and mask for appending num_new tokens to each row (PyTorch path).
 
-        num_real[b] < num_new: row b is right-padded; its padding may run past max_len (into the padding slot).
-        """
-        row_list = list(range(self.max_batch)) if rows is None else rows
-        lengths = self._lengths_checked(row_list, num_new, num_real)
-        end = min(max(lengths) + num_new, self.max_len + 1)
-        lengths_t = torch.tensor(lengths, dtype=torch.long).to(self.device, non_blocking=True)
-        positions = lengths_t[:, None] + torch.arange(num_new, device=self.device)[None, :]   # [B, S]
-        positions = positions.clamp(max=self.max_len)  # padding past max_len all goes to the padding slot
-        key_pos = torch.arange(end, device=self.device)
+        num_real[b] < num_new: row b is right-padded; its padding writes to the null block."""
+        ends = self._ends(rows, num_new, num_real)
+        self._check_reserved(rows, ends)
+        lengths = [self.lengths[r] for r in rows]
+        num_keys = max(max(ends), 1)
+        width = blocks_for(num_keys)
+        rows_t = torch.tensor(rows, dtype=torch.long)
+        table = self.block_table[rows_t, :width]                                               # [B, blocks]
+        read_slots = (table[:, :, None] * BLOCK_TOKENS + torch.arange(BLOCK_TOKENS)).flatten(1)[:, :num_keys]
+        positions = torch.tensor(lengths, dtype=torch.long)[:, None] + torch.arange(num_new)[None, :]   # [B, S]
+        real = positions < torch.tensor(ends, dtype=torch.long)[:, None]
+        write_slots = torch.where(real, read_slots.gather(1, positions.clamp(max=num_keys - 1)), NULL_BLOCK)
+        key_pos = torch.arange(num_keys)
         visible = (key_pos[None, None, :] <= positions[:, :, None])[:, None]                    # [B, 1, S, T]
         # Additive once per forward: attention would turn a bool mask into this very tensor in every layer.
-        mask = torch.zeros(visible.shape, dtype=self.k.dtype, device=self.device).masked_fill_(~visible, float("-inf"))
-        rows_t = None if rows is None else torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
-        # Batch 1 (the latency case) writes and reads by slicing: no index_put, no gathered copy of the cache.
-        single = (row_list[0], lengths[0]) if len(row_list) == 1 and lengths[0] + num_new <= self.max_len else None
-        return CacheWindow(rows=rows_t, positions=positions, mask=mask, num_keys=end, single_row=single)
+        mask = torch.zeros(visible.shape, dtype=self.k.dtype).masked_fill_(~visible, float("-inf"))
+        dev = self.device
+        return CacheWindow(positions=positions.to(dev, non_blocking=True),
+                           write_slots=write_slots.to(dev, non_blocking=True),
+                           read_slots=read_slots.to(dev, non_blocking=True),
+                           mask=mask.to(dev, non_blocking=True), num_keys=num_keys)
 
-    def advance(self, rows: list[int] | None, num_new: list[int] | int) -> None:
+    def advance(self, rows: list[int], num_new: list[int] | int) -> None:
         """Count the tokens a forward wrote (rows may keep fewer than were written: padding)."""
-        row_list = list(range(self.max_batch)) if rows is None else rows
-        counts = [num_new] * len(row_list) if isinstance(num_new, int) else num_new
-        for r, n in zip(row_list, counts):
+        counts = [num_new] * len(rows) if isinstance(num_new, int) else num_new
+        for r, n in zip(rows, counts):
             self.lengths[r] += n
 
     def write_and_read(self, layer: int, win: CacheWindow, k_new: torch.Tensor, v_new: torch.Tensor):
         """Store k/v [B, S, H_kv, D] of the new tokens; return keys/values [B, T, H_kv, D] to attend over."""
-        k_layer, v_layer = self.k[layer], self.v[layer]
-        if win.single_row is not None:
-            row, start = win.single_row
-            k_layer[row, start:start + k_new.shape[1]] = k_new[0]
-            v_layer[row, start:start + v_new.shape[1]] = v_new[0]
-            return k_layer[row:row + 1, :win.num_keys], v_layer[row:row + 1, :win.num_keys]
-        if win.rows is None:
-            batch = torch.arange(self.max_batch, device=self.device)[:, None]
-            k_layer[batch, win.positions] = k_new
-            v_layer[batch, win.positions] = v_new
-            return k_layer[:, :win.num_keys], v_layer[:, :win.num_keys]
-        k_layer[win.rows[:, None], win.positions] = k_new
-        v_layer[win.rows[:, None], win.positions] = v_new
-        return k_layer[win.rows, :win.num_keys], v_layer[win.rows, :win.num_keys]
+        k_flat = self.k[layer].flatten(0, 1)   # [num_blocks * BLOCK_TOKENS, H_kv, D], a view
+        v_flat = self.v[layer].flatten(0, 1)
+        k_flat[win.write_slots] = k_new.to(k_flat.dtype)
+        v_flat[win.write_slots] = v_new.to(v_flat.dtype)
+        return k_flat[win.read_slots], v_flat[win.read_slots]
+
+
+def pool_blocks(memory_bytes: int, bytes_per_token: int) -> int:
+    """Blocks (the null block included) that memory_bytes of K and V hold."""
+    return math.floor(memory_bytes / (bytes_per_token * BLOCK_TOKENS)) + 1

@@ -229,7 +229,7 @@ class NativeDecoder:
     def __call__(self, input_ids: torch.Tensor, cache, slots: list[int], positions: list[int],
                  capture_layers: list[int] | None = None):
         """input_ids [B, S] -> hidden [B, S, H] after the final norm; writes token m = b * S + s's k/v into
-        `cache` at (slots[m], positions[m]) (KVCache.host_positions), one slot and position per token, so several
+        `cache` at (slots[m], positions[m]) through its block table (KVCache.host_positions), one slot and position per token, so several
         rows' tokens may share a batch row (a ragged prefill). With capture_layers, returns (hidden, the residual
         stream at the input of those layers [B, S, len * H]), as CausalLM.forward does."""
         cfg = self.cfg
@@ -237,7 +237,8 @@ class NativeDecoder:
         captured = torch.empty((*input_ids.shape, len(layers) * cfg.hidden_size) if layers else (0,),
                                dtype=torch.bfloat16)
         hidden = self.extension.decoder_forward(input_ids, self.embed, self.layer_tensors, self.final_norm, cache.k,
-                                                cache.v, slots, positions, self.inv_freq, cfg.num_attention_heads,
+                                                cache.v, cache.block_table, slots, positions, self.inv_freq,
+                                                cfg.num_attention_heads,
                                                 cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, captured,
                                                 layers)
         return hidden if capture_layers is None else (hidden, captured)

@@ -235,14 +235,14 @@ def test_a_ragged_prefill_runs_only_real_tokens_and_gives_each_prompt_its_alone_
     monkeypatch.setattr(runner.model, "native", spy)
     together = runner.prefill_rows([0, 1, 2], prompts)
     assert shapes == [(1, 21)]
-    cache_together = [(runner.cache.k[:, r, :len(p)].clone(), runner.cache.v[:, r, :len(p)].clone())
-                      for r, p in enumerate(prompts)]
+    cache_together = [runner.cache.entries(r) for r in range(len(prompts))]
     for row, prompt in enumerate(prompts):
         runner.cache.reset(row)
         alone = runner.prefill(row, prompt)
         assert torch.equal(alone[0], together[row])
-        assert torch.equal(runner.cache.k[:, row, :len(prompt)], cache_together[row][0])
-        assert torch.equal(runner.cache.v[:, row, :len(prompt)], cache_together[row][1])
+        keys, values = runner.cache.entries(row)
+        assert keys.shape[1] == len(prompt)
+        assert torch.equal(keys, cache_together[row][0]) and torch.equal(values, cache_together[row][1])
     assert shapes[1:] == [(1, 11), (1, 3), (1, 7)]
 
 

@@ -28,9 +28,9 @@ def cached_logits(model: CausalLM, ids: torch.Tensor, split: int) -> torch.Tenso
     cache = KVCache(cfg.num_hidden_layers, 1, 64, cfg.num_key_value_heads, cfg.head_dim, dtype, "cpu")
     outs = []
     for chunk in [ids[:, :split]] + [ids[:, i:i + 1] for i in range(split, ids.shape[1])]:
-        win = cache.window(None, chunk.shape[1])
+        win = cache.window([0], chunk.shape[1])
         outs.append(model.logits(model(chunk, cache, win)))
-        cache.advance(None, chunk.shape[1])
+        cache.advance([0], chunk.shape[1])
     return torch.cat(outs, dim=1)
 
 

@@ -117,7 +117,8 @@ torch::Tensor body_linear_op(torch::Tensor x, torch::Tensor weight, int64_t N) {
 // layers: per layer 8 tensors: input_norm [H], qkv_weight [(Hq+2Hkv)*D, H], qkv_bias or empty,
 //   qk_norm [Hq+Hkv, D] or empty, o_weight [H, Hq*D], post_norm [H], gate_up_weight [2I, H], down_weight [H, I]
 //   (each weight packed or row-major, see body_linear).
-// k_cache / v_cache: [L, B_max, L_max+1, Hkv, D] bf16; token m = b*S + s is written at (slots[m], positions[m]),
+// k_cache / v_cache: [L, num_blocks, block_size, Hkv, D] bf16, paged: position p of row r lives in block
+// block_tables[r][p / block_size]. Token m = b*S + s is written at (slots[m], positions[m]),
 // its position is also its rotary position, and key j of its slot is visible to it iff j <= its position. Tokens
 // of one row need not share a batch row: several prompts can run as one ragged sequence (B = 1) with no padding.
 // inv_freq: [D/2] float32 rotary inverse frequencies.
@@ -125,7 +126,8 @@ torch::Tensor body_linear_op(torch::Tensor x, torch::Tensor weight, int64_t N) {
 // (id L = the last layer's output before the final norm), side by side, for a hidden-state draft.
 torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std::vector<torch::Tensor> layers,
                               torch::Tensor final_norm, torch::Tensor k_cache, torch::Tensor v_cache,
-                              std::vector<int64_t> slots, std::vector<int64_t> positions, torch::Tensor inv_freq,
+                              torch::Tensor block_tables, std::vector<int64_t> slots, std::vector<int64_t> positions,
+                              torch::Tensor inv_freq,
                               int64_t Hq, int64_t Hkv, int64_t D, double eps_d, torch::Tensor captured,
                               std::vector<int64_t> capture_layers) {
   TORCH_CHECK(embed.scalar_type() == at::kBFloat16 && embed.is_contiguous(), "embed: contiguous bf16 expected");
@@ -136,7 +138,14 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
   const int64_t L = layers.size() / 8;
   const float eps = float(eps_d), scale = 1.f / std::sqrt(float(D));
   const int64_t qkv_width = (Hq + 2 * Hkv) * D;
-  const Window win{M, slots.data(), positions.data()};
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.is_contiguous() && block_tables.dim() == 2,
+              "block_tables: contiguous int64 [rows, blocks] expected");
+  TORCH_CHECK(k_cache.dim() == 5 && k_cache.size(2) % 16 == 0, "k_cache: [L, blocks, block_size % 16 == 0, Hkv, D]");
+  for (int64_t m = 0; m < M; ++m)
+    TORCH_CHECK(slots[m] >= 0 && slots[m] < block_tables.size(0) && positions[m] >= 0 &&
+                positions[m] < block_tables.size(1) * k_cache.size(2), "token ", m, " outside the block tables");
+  const Window win{M, slots.data(), positions.data(), block_tables.data_ptr<int64_t>(), block_tables.size(1),
+                   k_cache.size(2)};
   // cos and sign-folded sin per token, rounded to bf16 as the PyTorch path stores them (llama.CausalLM.rope)
   std::vector<uint16_t> cos(M * D), sin(M * D);
   const float* freq = inv_freq.data_ptr<float>();

@@ -8,7 +8,8 @@
 
 torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std::vector<torch::Tensor> layers,
                               torch::Tensor final_norm, torch::Tensor k_cache, torch::Tensor v_cache,
-                              std::vector<int64_t> slots, std::vector<int64_t> positions, torch::Tensor inv_freq,
+                              torch::Tensor block_tables, std::vector<int64_t> slots, std::vector<int64_t> positions,
+                              torch::Tensor inv_freq,
                               int64_t Hq, int64_t Hkv, int64_t D, double eps_d, torch::Tensor captured,
                               std::vector<int64_t> capture_layers);
 torch::Tensor pack_body_weight(torch::Tensor weight);
