@@ -7,8 +7,8 @@ is handed out again, least recently freed first (LRU eviction), as vLLM's automa
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import islice
 
 NULL_BLOCK = 0   # never handed out: the write target of a padded batch's padding (the PyTorch path)
 
@@ -33,7 +33,8 @@ class BlockPool:
             raise ValueError(f"block_size must be positive, got {block_size}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.refs = [0] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        # A dict keeps insertion order: the free queue, oldest first, with O(1) removal of a block a hit revives.
+        self.free: dict[int, None] = dict.fromkeys(range(1, num_blocks))
         self.cached: dict[int, int] = {}               # chain hash -> block
         self.block_key: dict[int, tuple] = {}          # block -> (parent block or -1, its tokens), while cached
         self.block_hash: dict[int, int] = {}           # block -> chain hash, while cached
@@ -52,14 +53,25 @@ class BlockPool:
         """Fraction of usable blocks referenced by some sequence (vLLM's kv_cache_usage)."""
         return 1.0 - len(self.free) / self.usable_blocks
 
+    def take(self, n: int) -> list[int]:
+        """n fresh blocks with one reference each, least recently freed first (evicting their cached contents).
+        No call per block: a step's host work does not grow with the blocks it crosses into."""
+        if n > len(self.free):
+            raise MemoryError(f"KV block pool has {len(self.free)} free blocks, {n} wanted")
+        blocks = list(islice(self.free, n))
+        free, refs, block_hash, cached, block_key = self.free, self.refs, self.block_hash, self.cached, self.block_key
+        for block in blocks:
+            del free[block]
+            refs[block] = 1
+            if block in block_hash:
+                del cached[block_hash[block]]
+                del block_hash[block]
+                del block_key[block]
+        return blocks
+
     def allocate(self) -> int:
         """A fresh block with one reference; evicts the least recently freed cached block."""
-        if not self.free:
-            raise MemoryError("KV block pool exhausted")
-        block, _ = self.free.popitem(last=False)
-        self._uncache(block)
-        self.refs[block] = 1
-        return block
+        return self.take(1)[0]
 
     def share(self, block: int) -> None:
         """One more reference to a block (a prefix hit, or a fork)."""
@@ -70,12 +82,13 @@ class BlockPool:
     def release(self, blocks: list[int]) -> None:
         """Drop one reference to each block; unreferenced ones go to the free queue. Given a sequence's blocks in
         order, its tail goes first, so its tail is evicted first and its head (shared by more prompts) last."""
+        refs, free = self.refs, self.free
         for block in reversed(blocks):
-            if self.refs[block] <= 0:
+            if refs[block] <= 0:
                 raise ValueError(f"block {block} released more often than referenced")
-            self.refs[block] -= 1
-            if self.refs[block] == 0:
-                self.free[block] = None
+            refs[block] -= 1
+            if refs[block] == 0:
+                free[block] = None
 
     def is_shared(self, block: int) -> bool:
         return self.refs[block] > 1

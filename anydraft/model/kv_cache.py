@@ -57,6 +57,11 @@ class KVCache:
         self.device = torch.device(device)
         self.lengths = [0] * max_batch    # host-side: known without a device sync
         self.tables: list[list[int]] = [[] for _ in range(max_batch)]
+        self.held = [0] * max_batch      # blocks in each row's table
+        # Leading blocks of each row that may be shared or cached (a prefix hit, a publish): a write there must copy
+        # or forget its block first. Past them a row's blocks are its own, so a decode step needs no check per block.
+        self.guarded = [0] * max_batch
+        self._columns = list(range(self.max_blocks_per_row))
         # The tables as one host tensor for the native kernels (NULL_BLOCK past a row's blocks).
         self.block_table = torch.full((max_batch, self.max_blocks_per_row), NULL_BLOCK, dtype=torch.long)
 
@@ -84,69 +89,110 @@ class KVCache:
         return flat(self.k), flat(self.v)
 
     # -- blocks -----------------------------------------------------------------------------------------------
-    def blocks_needed(self, row: int, end: int) -> int:
-        """Blocks the pool must hand out for the row to hold positions [0, end) and write from its length on."""
-        table, bs = self.tables[row], BLOCK_TOKENS
-        first = self.lengths[row] // bs
-        copies = sum(1 for b in table[first:blocks_for(end)] if self.pool.is_shared(b))
-        return max(blocks_for(end) - len(table), 0) + copies
+    # No Python call per row in the common path (a step's host work must not grow with the batch): per-row work is
+    # list arithmetic, and the pool and the block table are called once per forward whatever the rows.
+    def _growth(self, rows: list[int], ends: list[int]) -> tuple[int, list[tuple[int, int]]]:
+        """Blocks the rows' tables must grow by to reach `ends`, and the rows that write into guarded blocks."""
+        grow, slow, held, guarded, lengths, max_len = 0, [], self.held, self.guarded, self.lengths, self.max_len
+        for row, end in zip(rows, ends):
+            if end > max_len:
+                raise ValueError(f"sequence would reach {end} tokens, past the cache's max_len {max_len}; "
+                                 f"raise max_model_len or shorten the prompt / max_tokens")
+            extra = -(-end // BLOCK_TOKENS) - held[row]
+            if extra > 0:
+                grow += extra
+            if lengths[row] // BLOCK_TOKENS < guarded[row]:
+                slow += [(row, end)]
+        return grow, slow
+
+    def _rewritten(self, row: int, end: int) -> range:
+        """Indices of the row's existing blocks that writing positions [length, end) changes."""
+        return range(self.lengths[row] // BLOCK_TOKENS, min(self.held[row], blocks_for(end)))
+
+    def _copies(self, slow: list[tuple[int, int]]) -> int:
+        return sum(self.pool.is_shared(self.tables[row][i]) for row, end in slow for i in self._rewritten(row, end))
+
+    def blocks_needed(self, rows: list[int], ends: list[int]) -> int:
+        """Blocks the pool must hand out for rows[i] to hold positions [0, ends[i]), written from its length on."""
+        grow, slow = self._growth(rows, ends)
+        return grow + (self._copies(slow) if slow else 0)
 
     def can_reserve(self, rows: list[int], ends: list[int]) -> bool:
-        return sum(self.blocks_needed(r, e) for r, e in zip(rows, ends)) <= self.pool.num_free
+        return self.blocks_needed(rows, ends) <= self.pool.num_free
 
     def reserve(self, rows: list[int], ends: list[int]) -> None:
         """Make each row able to write positions [length, end): new blocks past its table, and its own copy of a
         block it shares (copy on write); a cached block it alone holds leaves the prefix cache (it will change).
         All or nothing: raises CacheFull, changing nothing, where the pool is short."""
-        if not self.can_reserve(rows, ends):
+        grow, slow = self._growth(rows, ends)
+        if grow + (self._copies(slow) if slow else 0) > self.pool.num_free:
             raise CacheFull(f"the KV cache has {self.free_tokens()} free tokens, too few for this forward; "
                             f"give it more memory (--kv-cache-memory) or lower max_num_seqs")
+        for row, end in slow:
+            self._own_blocks(row, end)
+        fresh = self.pool.take(grow)
+        tables, held, columns = self.tables, self.held, self._columns
+        at, index_rows, index_columns = 0, [], []
         for row, end in zip(rows, ends):
-            if end > self.max_len:
-                raise ValueError(f"sequence would reach {end} tokens, past the cache's max_len {self.max_len}; "
-                                 f"raise max_model_len or shorten the prompt / max_tokens")
-            table = self.tables[row]
-            for i in range(self.lengths[row] // BLOCK_TOKENS, min(len(table), blocks_for(end))):
-                block = table[i]
-                if self.pool.is_shared(block):
-                    self._set_block(row, i, self._copy_block(block))
-                    self.pool.release([block])
-                elif self.pool.is_cached(block):
-                    self.pool.forget(block)
-            while len(table) < blocks_for(end):
-                self._set_block(row, len(table), self.pool.allocate())
+            blocks = -(-end // BLOCK_TOKENS)
+            extra = blocks - held[row]
+            if extra > 0:
+                tables[row] += fresh[at:at + extra]
+                index_rows += [row] * extra
+                index_columns += columns[held[row]:blocks]
+                held[row] = blocks
+                at += extra
+        self._set_table(index_rows, index_columns, fresh)
 
-    def _set_block(self, row: int, index: int, block: int) -> None:
+    def _set_table(self, rows: list[int], columns: list[int], blocks: list[int] | int) -> None:
+        values = torch.tensor(blocks, dtype=torch.long) if isinstance(blocks, list) else blocks
+        self.block_table[torch.tensor(rows, dtype=torch.long), torch.tensor(columns, dtype=torch.long)] = values
+
+    def _own_blocks(self, row: int, end: int) -> None:
+        """Copy the shared blocks the row is about to write, and take its own cached ones out of the prefix cache."""
         table = self.tables[row]
-        if index == len(table):
-            table.append(block)
-        else:
-            table[index] = block
-        self.block_table[row, index] = block
+        for i in self._rewritten(row, end):
+            block = table[i]
+            if self.pool.is_shared(block):
+                fresh = self.pool.allocate()
+                self.k[:, fresh] = self.k[:, block]
+                self.v[:, fresh] = self.v[:, block]
+                table[i] = fresh
+                self.block_table[row, i] = fresh
+                self.pool.release([block])
+            elif self.pool.is_cached(block):
+                self.pool.forget(block)
+        self.guarded[row] = self.lengths[row] // BLOCK_TOKENS
 
-    def _copy_block(self, block: int) -> int:
-        fresh = self.pool.allocate()
-        self.k[:, fresh] = self.k[:, block]
-        self.v[:, fresh] = self.v[:, block]
-        return fresh
-
-    def _trim(self, row: int) -> None:
-        """Free the row's blocks past its length."""
-        table, keep = self.tables[row], blocks_for(self.lengths[row])
-        if len(table) > keep:
-            self.pool.release(table[keep:])
-            self.block_table[row, keep:len(table)] = NULL_BLOCK
-            del table[keep:]
+    def _trim(self, rows: list[int]) -> None:
+        """Free the rows' blocks past their lengths."""
+        tables, held, guarded, lengths, columns = self.tables, self.held, self.guarded, self.lengths, self._columns
+        freed, index_rows, index_columns = [], [], []
+        for row in rows:
+            keep = -(-lengths[row] // BLOCK_TOKENS)
+            extra = held[row] - keep
+            if extra > 0:
+                table = tables[row]
+                freed += table[keep:]
+                del table[keep:]
+                index_rows += [row] * extra
+                index_columns += columns[keep:held[row]]
+                held[row] = keep
+                if guarded[row] > keep:
+                    guarded[row] = keep
+        self.pool.release(freed)
+        self._set_table(index_rows, index_columns, NULL_BLOCK)
 
     # -- lengths and rollback --------------------------------------------------------------------------------------
     def rewind(self, rows: list[int], num_tokens: list[int]) -> None:
         """Forget the last num_tokens[i] entries of rows[i]; blocks no longer used go back to the pool."""
+        lengths = self.lengths
         for row, n in zip(rows, num_tokens):
-            if n < 0 or n > self.lengths[row]:
-                raise ValueError(f"cannot rewind row {row} by {n}: it holds {self.lengths[row]} entries")
-            if n:
-                self.lengths[row] -= n
-                self._trim(row)
+            if n < 0 or n > lengths[row]:
+                raise ValueError(f"cannot rewind row {row} by {n}: it holds {lengths[row]} entries")
+        for row, n in zip(rows, num_tokens):
+            lengths[row] -= n
+        self._trim(rows)
 
     def truncate(self, row: int, length: int) -> None:
         """Keep only the first `length` entries of a row."""
@@ -160,12 +206,13 @@ class KVCache:
                 raise ValueError(f"cannot keep {length} entries of row {row}")
             if length < held[row]:
                 held[row] = length
-                self._trim(row)
+        self._trim(rows)
 
     def reset(self, row: int) -> None:
         """Empty the row and give its blocks back (cached ones stay cached until evicted)."""
         self.lengths[row] = 0
-        self._trim(row)
+        self._trim([row])
+        self.guarded[row] = 0
 
     def room(self, row: int) -> int:
         """How many more tokens the row can take within max_len."""
@@ -178,9 +225,12 @@ class KVCache:
         if self.lengths[row] or self.tables[row]:
             raise ValueError(f"row {row} holds {self.lengths[row]} entries; reset it before attaching a prefix")
         blocks = self.pool.match(token_ids, min(max_tokens, len(token_ids)))
-        for i, block in enumerate(blocks):
+        for block in blocks:
             self.pool.share(block)
-            self._set_block(row, i, block)
+        if blocks:
+            self.tables[row] = list(blocks)
+            self._set_table([row] * len(blocks), self._columns[:len(blocks)], blocks)
+        self.held[row] = self.guarded[row] = len(blocks)
         self.lengths[row] = len(blocks) * BLOCK_TOKENS
         return self.lengths[row]
 
@@ -188,6 +238,7 @@ class KVCache:
         """Offer the row's full blocks to later sequences: the row holds token_ids[:length] (the caller's word)."""
         n = min(self.lengths[row], len(token_ids))
         self.pool.publish(self.tables[row][:n // BLOCK_TOKENS], token_ids[:n])
+        self.guarded[row] = max(self.guarded[row], n // BLOCK_TOKENS)
 
     # -- forwards ------------------------------------------------------------------------------------------------
     def _ends(self, rows: list[int], num_new: int, num_real: list[int] | None) -> list[int]:
