@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .cache_budget import parse_bytes
+
 VOCAB_MODES = ("auto", "identity", "tli", "d2t", "slem")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float64": torch.float64, "fp64": torch.float64, "float16": torch.float16, "fp16": torch.float16}
@@ -139,6 +141,8 @@ class EngineConfig:
     max_model_len: int = 2048
     dtype: str = "bfloat16"
     device: str | None = None
+    kv_cache_memory: int | str | None = None   # bytes or "4GiB" for both KV pools; None: cache_budget's default
+    enable_prefix_caching: bool = True
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -147,3 +151,5 @@ class EngineConfig:
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         parse_dtype(self.dtype)
+        if self.kv_cache_memory is not None:
+            parse_bytes(self.kv_cache_memory)

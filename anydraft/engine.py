@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from .config import SamplingParams
 from .metrics import SpecStats
 from .model.runner import ModelRunner, token_places
-from .output_processor import OutputProcessor, TextState
+from .output_processor import OutputProcessor
+from .request import Request
 from .scheduler import Scheduler
 from .tensors import host_to_device
 from .spec_decode.adaptive import AdaptiveSpeculation
@@ -26,34 +27,6 @@ from .tokenizer import Tokenizer
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048   # as vLLM: a long prompt goes in 2048-token chunks
 
 
-@dataclass(eq=False)
-class Request:
-    request_id: int
-    prompt: str
-    prompt_target_ids: list[int]
-    params: SamplingParams
-    random: RowRandom
-    stats: SpecStats
-    text_state: TextState
-    output_target_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None   # the stop string or EOS id that finished it
-    row: int | None = None
-    num_prefilled: int = 0       # prompt tokens in the target cache (a long prompt goes in over several steps)
-    arrival: float = field(default_factory=time.perf_counter)
-    started: float = 0.0
-    first_token_at: float = 0.0  # when the prompt's forward gave the first token (decode time is after it)
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def text(self) -> str:
-        """The completion's decided text (all of it once finished; cut before a stop string)."""
-        return self.text_state.text
-
-
 class Engine:
     """Continuous batching over a fixed set of cache rows: requests join and leave between steps.
 
@@ -62,7 +35,7 @@ class Engine:
     """
 
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, proposer: Proposer, max_model_len: int,
-                 max_num_batched_tokens: int | None = None, adaptive: bool = False):
+                 max_num_batched_tokens: int | None = None, adaptive: bool = False, prefix_caching: bool = True):
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.k = proposer.num_speculative_tokens   # the most tokens a step drafts
         # Adaptive: each step drafts 0..k tokens, whichever maximises expected tokens per second.
@@ -75,7 +48,9 @@ class Engine:
         max_num_seqs = target.cache.max_batch
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, 2 * max_num_seqs * (self.k + 1))
-        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, self.k + 1)
+        # A hidden-state drafter reads the target's states at every prompt position: a prefix hit would skip them.
+        target.cache.prefix_caching = prefix_caching and target.capture_layers is None
+        self.scheduler = Scheduler(max_num_seqs, max_num_batched_tokens, self.k + 1, target.cache)
         self.output = OutputProcessor(tokenizer, self.max_model_len)
         self.last_target_id: dict[int, int] = {}         # row -> the one token not yet in the target cache
         self.stats = SpecStats(self.k)
@@ -131,7 +106,7 @@ class Engine:
         """Drop a request (e.g. its client disconnected) and free its row."""
         request.finish_reason = request.finish_reason or "abort"
         if self.scheduler.remove(request):
-            self._reset_row(request)
+            self._reset_row(request.row)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -141,6 +116,8 @@ class Engine:
         """Prompt chunks of joining requests, then one speculative step over the decoding rows; returns the
         requests that got output in it (finished ones included)."""
         scheduled = self.scheduler.schedule()
+        for _, row in scheduled.preempted:   # their target blocks are free already; the draft's go now
+            self._reset_row(row)
         t0 = time.perf_counter()
         updated = self._prefill(scheduled.prefill, scheduled.completing) if scheduled.prefill else []
         prefill_seconds = time.perf_counter() - t0   # target work that every request of the step waited through
@@ -153,28 +130,33 @@ class Engine:
     def _prefill(self, chunks: list[tuple[Request, int]], completing: list[bool]) -> list[Request]:
         """Put each chunk in its row's target cache (one right-padded forward). A request whose prompt this
         completes (`completing`, the scheduler's word) gets its first token from the hidden state at its last prompt
-        token, as in vLLM and HF (no verification step is spent on it), and joins the proposer."""
+        token, as in vLLM and HF (no verification step is spent on it), and joins the proposer; a resumed one
+        (preempted earlier) decodes on from its last token."""
         for request, _ in chunks:
-            if request.num_prefilled == 0:
-                request.started = time.perf_counter()
-                self.target.cache.reset(request.row)
-        pieces = [r.prompt_target_ids[r.num_prefilled:r.num_prefilled + n] for r, n in chunks]
+            request.started = request.started or time.perf_counter()
+        pieces = [r.prefill_target_ids[r.num_prefilled:r.num_prefilled + n] for r, n in chunks]
         last_hidden = self.target.prefill_rows([r.row for r, _ in chunks], pieces, chunk=max(map(len, pieces)))
         for request, n in chunks:
             request.num_prefilled += n
+            self.scheduler.publish(request)
         complete = [i for i, done in enumerate(completing) if done]
-        if not complete:
-            return []
-        admitted = [chunks[i][0] for i in complete]
-        first_target_ids = self._first_target_ids(admitted, last_hidden[complete])
-        now = time.perf_counter()
-        for request, target_id in zip(admitted, first_target_ids):
-            request.first_token_at = now
-            self.last_target_id[request.row] = target_id
-        self._emit(admitted, [[target_id] for target_id in first_target_ids])
-        joined = [request for request in admitted if not request.finished]
+        fresh = [i for i in complete if not chunks[i][0].resuming]
+        admitted = [chunks[i][0] for i in fresh]
+        if admitted:
+            first_target_ids = self._first_target_ids(admitted, last_hidden[fresh])
+            now = time.perf_counter()
+            for request, target_id in zip(admitted, first_target_ids):
+                request.first_token_at = now
+                self.last_target_id[request.row] = target_id
+            self._emit(admitted, [[target_id] for target_id in first_target_ids])
+        joined = [chunks[i][0] for i in complete if not chunks[i][0].finished]
         for request in joined:
-            self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
+            if request.resuming:   # the draft reads the same text again: prompt and all output but the last token
+                self.last_target_id[request.row] = request.output_target_ids[-1]
+                text = request.prompt + self.tokenizer.decode(request.output_target_ids[:-1])
+                self.proposer.add_request(request.row, text, request.resume_target_ids)
+            else:
+                self.proposer.add_request(request.row, request.prompt, request.prompt_target_ids)
         self.proposer.observe([r.row for r in joined], [0] * len(joined),
                               [[self.last_target_id[r.row]] for r in joined])
         return admitted
@@ -194,14 +176,15 @@ class Engine:
         return sample_from_probs(target_probs, uniforms).flatten().tolist()
 
     def _release(self, request: Request) -> None:
+        self.scheduler.publish(request)
         self.scheduler.remove(request)
-        self._reset_row(request)
+        self._reset_row(request.row)
         request.stats.wall_seconds = time.perf_counter() - request.started
 
-    def _reset_row(self, request: Request) -> None:
-        self.last_target_id.pop(request.row, None)
-        self.target.cache.reset(request.row)
-        self.proposer.remove_request(request.row)
+    def _reset_row(self, row: int) -> None:
+        self.last_target_id.pop(row, None)
+        self.target.cache.reset(row)
+        self.proposer.remove_request(row)
 
     def _speculate(self, step_requests: list[Request]) -> list[Request]:
         """One speculative step over the decoding rows; returns them (each got at least one token)."""

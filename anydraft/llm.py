@@ -1,6 +1,9 @@
 """The public Python API, shaped like vLLM's: LLM(model, speculative_config) and generate(prompts, params)."""
 from __future__ import annotations
 
+import logging
+
+from .cache_budget import CachePlan, plan_caches
 from .config import EngineConfig, SamplingParams, SpeculativeConfig, parse_dtype, resolve_device
 from .engine import Engine
 from .heap import freeze_startup_heap
@@ -14,6 +17,8 @@ from .tokenizer import Tokenizer
 
 
 Prompt = str | dict
+logger = logging.getLogger("anydraft")
+_UNSIZED_POOL = 2   # blocks a runner loads with (the null block and one): its pool is sized after loading
 
 
 def _prompt_token_ids(prompt: dict) -> list[int]:
@@ -37,26 +42,50 @@ class LLM:
 
     def __init__(self, model: str = DEFAULT_TARGET, speculative_config: dict | SpeculativeConfig | None = None,
                  dtype: str = "bfloat16", device: str | None = None, max_model_len: int = 2048,
-                 max_num_seqs: int = 8, tokenizer: str | None = None, max_num_batched_tokens: int | None = None):
+                 max_num_seqs: int = 8, tokenizer: str | None = None, max_num_batched_tokens: int | None = None,
+                 kv_cache_memory: int | str | None = None, enable_prefix_caching: bool = True):
         self.engine_config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len, dtype=dtype,
-                                          device=device)
+                                          device=device, kv_cache_memory=kv_cache_memory,
+                                          enable_prefix_caching=enable_prefix_caching)
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         torch_dtype, torch_device = parse_dtype(dtype), resolve_device(device)
         target_path = resolve_model_path(model)
         self.tokenizer = Tokenizer.from_dir(tokenizer or target_path)
         k = 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
         # + k: room for a verification forward's k+1 tokens when the sequence is one short of max_model_len.
+        # Both models load with a token pool; their pools are sized from the memory left once both are loaded.
         self.target = ModelRunner.load(target_path, torch_dtype, torch_device, max_num_seqs, max_model_len + k,
-                                       num_token_rows=self.tokenizer.vocab_size)
+                                       num_token_rows=self.tokenizer.vocab_size, num_blocks=_UNSIZED_POOL)
         if self.speculative_config is None:
             self.proposer, self.draft_info = NoDraftProposer(torch_device, self.target.vocab_rows), {"vocab_mode": None}
         else:
             self.proposer, self.draft_info = build_proposer(self.speculative_config, self.target, self.tokenizer,
-                                                            max_num_seqs, max_model_len)
+                                                            max_num_seqs, max_model_len, draft_num_blocks=_UNSIZED_POOL)
+        self.cache_plan = self._allocate_caches(torch_device, max_model_len, k)
         adaptive = self.speculative_config is not None and self.speculative_config.adaptive
         self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len, max_num_batched_tokens,
-                             adaptive=adaptive)
+                             adaptive=adaptive, prefix_caching=enable_prefix_caching)
         freeze_startup_heap()   # loaded: the collector need not walk what loading built at every full collection
+
+    def _allocate_caches(self, device, max_model_len: int, k: int) -> CachePlan:
+        """Size the target's and the draft's block pools from one budget, allocate them, and log what fits."""
+        cfg, draft = self.engine_config, self.draft_runner
+        plan = plan_caches(cfg.kv_cache_memory, device, self.target.bytes_per_token,
+                           cfg.max_num_seqs * self.target.cache.max_len, max_model_len + k,
+                           draft.bytes_per_token if draft else 0,
+                           cfg.max_num_seqs * draft.cache.max_len if draft else 0,
+                           self.draft_info.get("draft_tokens_per_target_token", 1.0))
+        self.target.allocate_cache(plan.target_blocks)
+        if draft is not None:
+            draft.allocate_cache(plan.draft_blocks)
+            draft.cache.prefix_caching = cfg.enable_prefix_caching
+        logger.info(plan.describe(max_model_len))
+        return plan
+
+    @property
+    def draft_runner(self) -> ModelRunner | None:
+        """The draft model's runner, where the draft is a model with a KV cache of its own."""
+        return getattr(self.proposer, "runner", None)
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  progress=None) -> list[RequestOutput]:
@@ -93,7 +122,7 @@ class LLM:
     @property
     def kernels(self) -> dict:
         """Which kernels the target (and the draft) run on, as ModelRunner.kernels reports them."""
-        runners = {"target": self.target, "draft": getattr(self.proposer, "runner", None)}
+        runners = {"target": self.target, "draft": self.draft_runner}
         return {name: runner.kernels for name, runner in runners.items() if runner is not None}
 
     @property

@@ -115,11 +115,14 @@ class BlockPool:
                 break
             blocks.append(block)
             parent_hash, parent = h, block
-        self.stats.queries += 1
-        self.stats.queried_tokens += max(max_tokens, 0)
-        self.stats.hit_tokens += len(blocks) * bs
-        self.stats.hits += bool(blocks)
         return blocks
+
+    def count_lookup(self, queried_tokens: int, hit_tokens: int) -> None:
+        """One prefix lookup for the metrics: a sequence's tokens, and how many of them were found cached."""
+        self.stats.queries += 1
+        self.stats.queried_tokens += queried_tokens
+        self.stats.hit_tokens += hit_tokens
+        self.stats.hits += hit_tokens > 0
 
     def publish(self, blocks: list[int], token_ids: list[int]) -> None:
         """Cache a sequence's full blocks: blocks[i] holds token_ids[i*bs:(i+1)*bs] after every block before it.

@@ -44,7 +44,8 @@ class KVCache:
     num_blocks None: enough for every row at max_len (the most a caller can ask of this cache)."""
 
     def __init__(self, num_layers: int, max_batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str, num_blocks: int | None = None):
+                 dtype: torch.dtype, device: torch.device | str, num_blocks: int | None = None,
+                 prefix_caching: bool = True):
         self.max_blocks_per_row = blocks_for(max_len)
         if num_blocks is None:
             num_blocks = max_batch * self.max_blocks_per_row + 1
@@ -53,6 +54,7 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_batch = max_batch
+        self.prefix_caching = prefix_caching   # off: attach_prefix finds nothing and publish caches nothing
         self.max_len = max_len
         self.device = torch.device(device)
         self.lengths = [0] * max_batch    # host-side: known without a device sync
@@ -219,11 +221,14 @@ class KVCache:
         return self.max_len - self.lengths[row]
 
     # -- prefix reuse ------------------------------------------------------------------------------------------
-    def attach_prefix(self, row: int, token_ids: list[int], max_tokens: int) -> int:
+    def attach_prefix(self, row: int, token_ids: list[int], max_tokens: int, count: bool = True) -> int:
         """Start an empty row with the longest cached prefix of token_ids (full blocks, at most max_tokens tokens);
-        returns its length in tokens. The row then writes from there (prefilling only the rest)."""
+        returns its length in tokens. The row then writes from there (prefilling only the rest). count=False: the
+        caller counts the lookup in the pool's stats itself (it may yet undo the attach)."""
         if self.lengths[row] or self.tables[row]:
             raise ValueError(f"row {row} holds {self.lengths[row]} entries; reset it before attaching a prefix")
+        if not self.prefix_caching:
+            return 0
         blocks = self.pool.match(token_ids, min(max_tokens, len(token_ids)))
         for block in blocks:
             self.pool.share(block)
@@ -232,10 +237,14 @@ class KVCache:
             self._set_table([row] * len(blocks), self._columns[:len(blocks)], blocks)
         self.held[row] = self.guarded[row] = len(blocks)
         self.lengths[row] = len(blocks) * BLOCK_TOKENS
+        if count:
+            self.pool.count_lookup(len(token_ids), self.lengths[row])
         return self.lengths[row]
 
     def publish(self, row: int, token_ids: list[int]) -> None:
         """Offer the row's full blocks to later sequences: the row holds token_ids[:length] (the caller's word)."""
+        if not self.prefix_caching:
+            return
         n = min(self.lengths[row], len(token_ids))
         self.pool.publish(self.tables[row][:n // BLOCK_TOKENS], token_ids[:n])
         self.guarded[row] = max(self.guarded[row], n // BLOCK_TOKENS)

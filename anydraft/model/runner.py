@@ -36,7 +36,7 @@ class ModelRunner:
     """
 
     def __init__(self, model: CausalLM, max_batch: int, max_len: int, num_token_rows: int | None = None,
-                 extras: dict | None = None):
+                 extras: dict | None = None, num_blocks: int | None = None):
         self.model = model
         self.cfg = model.cfg
         param = next(model.parameters())
@@ -56,8 +56,7 @@ class ModelRunner:
         self.native_head: NativeHead | None = None
         self.native_head_unavailable: str | None = None   # why the head is not native (set by _set_head)
         self._set_head(model.lm_head)
-        self.cache = KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,
-                             self.cfg.head_dim, self.dtype, self.device)
+        self.cache = self._new_cache(max_batch, max_len, num_blocks)
         self.extras = extras or {}
         head_rows = model.lm_head.out_features
         self.num_token_rows = head_rows if num_token_rows is None else min(num_token_rows, head_rows)
@@ -66,11 +65,31 @@ class ModelRunner:
         self.capture_layers: list[int] | None = None
         self.hidden_state_sink = None
 
+    def _new_cache(self, max_batch: int, max_len: int, num_blocks: int | None) -> KVCache:
+        return KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,
+                       self.cfg.head_dim, self.dtype, self.device, num_blocks)
+
+    def allocate_cache(self, num_blocks: int) -> None:
+        """Replace the (empty) cache by a pool of num_blocks blocks: loaded with a token pool, sized once the
+        budget is known (cache_budget), so loading never holds two full pools."""
+        cache = self.cache
+        if any(cache.lengths):
+            raise RuntimeError("allocate_cache on a cache that holds entries")
+        max_batch, max_len = cache.max_batch, cache.max_len
+        del self.cache, cache   # the old pool goes before the new one is allocated
+        self.cache = self._new_cache(max_batch, max_len, num_blocks)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V bytes of one cached token, all layers."""
+        return KVCache.bytes_per_token(self.cfg.num_hidden_layers, self.cfg.num_key_value_heads, self.cfg.head_dim,
+                                       self.dtype)
+
     @classmethod
     def load(cls, name_or_path, dtype: torch.dtype, device: torch.device, max_batch: int, max_len: int,
-             num_token_rows: int | None = None) -> "ModelRunner":
+             num_token_rows: int | None = None, num_blocks: int | None = None) -> "ModelRunner":
         model, extras = load_model(name_or_path, dtype, device)
-        runner = cls(model, max_batch, max_len, num_token_rows, extras)
+        runner = cls(model, max_batch, max_len, num_token_rows, extras, num_blocks)
         if runner.dtype != dtype or runner.device.type != torch.device(device).type:
             raise RuntimeError(f"{name_or_path}: loaded on {runner.device}/{runner.dtype}, asked {device}/{dtype}")
         return runner

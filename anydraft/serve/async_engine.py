@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..config import SamplingParams
-from ..engine import Engine, Request
+from ..engine import Engine
+from ..request import Request
 from ..output_processor import OutputProcessor
 from .metrics import ServerMetrics
 

@@ -57,7 +57,9 @@ class DraftModelProposer:
         self.backlog_start[row] = self.backlog_base + len(self.backlog)   # a reused row's old entries are not its
 
     def remove_request(self, row: int) -> None:
-        self.states.pop(row, None)
+        state = self.states.pop(row, None)
+        if state is not None:   # its cache holds a prefix of its draft ids: later prompts may reuse it
+            self.runner.cache.publish(row, state.draft_ids)
         if row in self.drafted_rows:   # its drafts left with it: a request re-added there reads from the backlog
             self.drafted_rows = self.drafted_rows - {row}
         self.untokenized.pop(row, None)
@@ -126,17 +128,17 @@ class DraftModelProposer:
         # which verification handles like any proposal, so the output stays the target's. (A row's cached and
         # pending tokens are its draft ids: it has room for k - 1 more past them, or not.)
         longest_drafting = runner.cache.max_len - k + 1
-        # One padded forward over the prompts of the rows that joined (all but their last token).
+        # A row whose blocks the pool cannot hold now does the same until it can.
         fits = [r for r in joined if len(self.states[r].draft_ids) <= longest_drafting]
         if fits:
-            runner.prefill_rows(fits, [self.states[r].draft_ids[:-1] for r in fits])
+            self._prefill_joined(fits)
         for row in joined:
             self.unread_prompt_tokens -= self.unread_prompts.pop(row)
         draft_id_lists = [self.states[r].draft_ids for r in rows]
         pending = self._pending_ids(rows, draft_id_lists)
-        if max(map(len, draft_id_lists)) <= longest_drafting:
+        live = self._rows_with_room(rows, draft_id_lists, k)
+        if live is None:
             return self._draft(rows, pending, sampling, k)
-        live = [i for i, ids in enumerate(draft_id_lists) if len(ids) <= longest_drafting]
         batch = len(rows)
         draft_target_ids = torch.full((batch, k), FULL_ROW_PROPOSAL, dtype=torch.long, device=self.device)
         draft_probs = None
@@ -153,6 +155,41 @@ class DraftModelProposer:
                 draft_probs = draft_probs.to(drafted_probs.dtype)
                 draft_probs[index] = drafted_probs
         return Proposal(draft_target_ids, draft_probs)
+
+    def _prefill_joined(self, rows: list[int]) -> None:
+        """One padded forward over the prompts of the rows that joined (all but their last token), after the longest
+        prefix the draft's cache holds already (its own token ids: the same text reads the same ids). A row whose
+        blocks the pool cannot hold now reads its prompt when it next drafts with room."""
+        cache, states = self.runner.cache, self.states
+        prefill_rows, pieces = [], []
+        for row in rows:
+            draft_ids = states[row].draft_ids
+            start = cache.attach_prefix(row, draft_ids, len(draft_ids) - 1)
+            if start < len(draft_ids) - 1 and cache.can_reserve([row], [len(draft_ids) - 1]):
+                cache.reserve([row], [len(draft_ids) - 1])
+                prefill_rows.append(row)
+                pieces.append(draft_ids[start:-1])
+        if prefill_rows:
+            self.runner.prefill_rows(prefill_rows, pieces)
+            for row in prefill_rows:
+                cache.publish(row, states[row].draft_ids)
+
+    def _rows_with_room(self, rows: list[int], draft_id_lists: list[list[int]], k: int) -> list[int] | None:
+        """Reserve blocks for each row's pending ids and k - 1 proposals past them; None where every row has them
+        (one reserve for all), else the indices of the rows that do. The others propose FULL_ROW_PROPOSAL: past
+        max_len (another tokenizer may spell the text in many more tokens than the target's), or with the pool short
+        (the draft's tokens per target token above what its pool was sized for)."""
+        cache = self.runner.cache
+        ends = [n + k - 1 for n in map(len, draft_id_lists)]
+        if max(ends) <= cache.max_len and cache.can_reserve(rows, ends):
+            cache.reserve(rows, ends)
+            return None
+        live = []
+        for i, (row, end) in enumerate(zip(rows, ends)):
+            if end <= cache.max_len and cache.can_reserve([row], [end]):
+                cache.reserve([row], [end])
+                live.append(i)
+        return live
 
     def _draft(self, rows: list[int], pending: list[list[int]], sampling: SamplingBatch | None, k: int) -> Proposal:
         """Feed each row's pending draft ids, then write k tokens (k - 1 more single-token forwards)."""

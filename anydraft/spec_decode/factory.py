@@ -18,6 +18,7 @@ from ..vocab.frequency import (RankedHead, coverage_report, load_or_count, most_
                                specials_among)
 from ..vocab.mode_choice import SLEM_HEAD_COVERAGE, TliCoverage, choose_vocab_mode, slem_head_size, tli_coverage
 from ..vocab.resync import DraftResync
+from .calibration import CALIBRATION_TEXT
 from .draft_proposer import DraftModelProposer
 from .proposer import Proposer
 from .draft_vocab import DraftVocab, ResyncContextSync, SharedVocabSync
@@ -117,9 +118,15 @@ def _head_savings(runner: ModelRunner, flops_before: dict) -> dict:
             "draft_head_macs_saved_pct": round(100 * (1 - flops_after["head"] / flops_before["head"]), 2)}
 
 
+def draft_tokens_per_target_token(target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer) -> float:
+    """Draft tokens per target token over the same text (sizes the draft's KV pool beside the target's)."""
+    return len(draft_tokenizer.encode(CALIBRATION_TEXT)) / max(len(target_tokenizer.encode(CALIBRATION_TEXT)), 1)
+
+
 def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer: Tokenizer,
-                   max_batch: int, max_model_len: int) -> tuple[Proposer, dict]:
-    """Returns (proposer, info) where info reports the vocab mode, intersection stats and head savings."""
+                   max_batch: int, max_model_len: int, draft_num_blocks: int | None = None) -> tuple[Proposer, dict]:
+    """Returns (proposer, info) where info reports the vocab mode, intersection stats, head savings and the draft's
+    tokens per target token. draft_num_blocks: the draft's KV pool (None: every row at full length)."""
     dtype = parse_dtype(spec.dtype) if spec.dtype else target.dtype
     device = resolve_device(spec.device) if spec.device else target.device
     path = resolve_model_path(spec.model)
@@ -129,7 +136,8 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
     draft_tokenizer = _draft_tokenizer(path, target_tokenizer, spec.vocab_mode)
     # The draft's sequence can be longer than the target's (another tokenizer) and is right-padded in batches.
     runner = ModelRunner.load(path, dtype, device, max_batch, 2 * max_model_len + 64,
-                              num_token_rows=draft_tokenizer.vocab_size)
+                              num_token_rows=draft_tokenizer.vocab_size, num_blocks=draft_num_blocks)
+    ratio = {"draft_tokens_per_target_token": round(draft_tokens_per_target_token(target_tokenizer, draft_tokenizer), 3)}
     if runner.dtype != dtype or runner.device.type != device.type:
         raise ValueError(f"draft loaded on {runner.device}/{runner.dtype} but {device}/{dtype} was asked")
     has_d2t = "d2t" in runner.extras
@@ -139,7 +147,7 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
     if mode == "slem":   # the draft writes freely in its vocabulary; the target re-tokenizes its text
         if has_d2t:
             raise ValueError(f"{path}: a d2t draft head writes target ids already; use vocab_mode 'd2t', not 'slem'")
-        info = {"vocab_mode": "slem", "vocab_mode_reason": reason, "draft_path": str(path),
+        info = {"vocab_mode": "slem", "vocab_mode_reason": reason, "draft_path": str(path), **ratio,
                 **({"tli_coverage": coverage} if coverage else {})}
         flops_before = runner.cost_flops_per_token()
         head_rows = _slem_head_rows(spec, runner, draft_tokenizer, info)
@@ -147,7 +155,7 @@ def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer
                                        spec.num_speculative_tokens, spec.resync_window, head_rows)
         return proposer, {**info, **_head_savings(runner, flops_before)}
     flops_before = runner.cost_flops_per_token()
-    info = {"vocab_mode": mode, "vocab_mode_reason": reason, "draft_path": str(path)}
+    info = {"vocab_mode": mode, "vocab_mode_reason": reason, "draft_path": str(path), **ratio}
     if coverage:
         info["tli_coverage"] = coverage
     if mode == "identity":
