@@ -43,7 +43,7 @@ def available_memory(device: torch.device) -> int:
 
 
 def _gib(num_bytes: float) -> str:
-    return f"{num_bytes / 2**30:.2f} GiB"
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,21 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def kv_pools(self) -> dict:
+        """The block pools to report: the target's, and the draft's where it has a KV cache of its own."""
+        runner = getattr(self.proposer, "runner", None)
+        return {"target": self.target.cache.pool, **({"draft": runner.cache.pool} if runner is not None else {})}
+
+    def load_summary(self) -> str:
+        """One line for the periodic log: requests, pool usage, prefix hit rates, preemptions."""
+        parts = [f"running {len(self.scheduler.running)}, waiting {len(self.scheduler.waiting)}"]
+        for name, pool in self.kv_pools().items():
+            stats = pool.stats
+            rate = stats.hit_tokens / stats.queried_tokens if stats.queried_tokens else 0.0
+            parts.append(f"{name} KV cache {pool.usage():.1%} used, prefix hit rate {rate:.1%}")
+        parts.append(f"preemptions {self.scheduler.num_preemptions}")
+        return "; ".join(parts)
+
     # -- the step ----------------------------------------------------------------------------------------------
     def step(self) -> list[Request]:
         """Prompt chunks of joining requests, then one speculative step over the decoding rows; returns the

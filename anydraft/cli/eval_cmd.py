@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .model_args import add_model_args, draft_of, speculative_config
+from .model_args import add_model_args, cache_options, draft_of, speculative_config
 
 
 def add_parser(sub) -> None:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     shots = gsm8k.load_split(data_dir / "train.jsonl")[:args.num_shots] if args.num_shots else []
     draft = draft_of(args)
     llm = LLM(model=args.target, speculative_config=speculative_config(args), dtype=args.dtype, device=args.device,
-              max_num_seqs=args.batch_size, max_model_len=args.max_model_len)
+              max_num_seqs=args.batch_size, max_model_len=args.max_model_len, **cache_options(args))
     prompts = [gsm8k.build_prompt(ex["question"], shots, llm.tokenizer, args.chat) for ex in test]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, stop=gsm8k.STOP_STRINGS)
     update, close = _progress(len(prompts), "gsm8k", not args.no_progress)

@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
-from .model_args import add_model_args, draft_of, speculative_config
+from .model_args import add_model_args, cache_options, draft_of, speculative_config
 
 
 def add_parser(sub) -> None:
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens, stop=args.stop)
     llm = LLM(model=args.target, speculative_config=speculative_config(args), dtype=args.dtype, device=args.device,
-              max_num_seqs=1, max_model_len=args.max_model_len)
+              max_num_seqs=1, max_model_len=args.max_model_len, **cache_options(args))
     out = llm.generate([prompt], params)[0]
     if args.json:
         result = {**asdict(out), "target": args.target, "draft": draft_of(args), "draft_info": llm.draft_info}

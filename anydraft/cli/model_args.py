@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..cache_budget import DEFAULT_KV_CACHE_FRACTION
 from ..config import DTYPES, VOCAB_MODES
 from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -30,6 +31,21 @@ def add_model_args(p: argparse.ArgumentParser, max_model_len: int = 2048) -> Non
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
     p.add_argument("--max-model-len", type=int, default=max_model_len,
                    help=f"prompt + output tokens per request (default {max_model_len})")
+    add_cache_args(p)
+
+
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-cache-memory", default=None, metavar="BYTES",
+                   help=f"memory for the target's and the draft's KV block pools together, e.g. 4GiB (default: "
+                        f"{DEFAULT_KV_CACHE_FRACTION:.0%} of the memory free after loading, at most what every row "
+                        f"at max-model-len holds)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV of prompt prefixes seen before, for the target and the draft (default on)")
+
+
+def cache_options(args: argparse.Namespace) -> dict:
+    """LLM keyword arguments for the cache flags."""
+    return {"kv_cache_memory": args.kv_cache_memory, "enable_prefix_caching": args.enable_prefix_caching}
 
 
 def add_draft_head_args(p: argparse.ArgumentParser) -> None:

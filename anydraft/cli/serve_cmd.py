@@ -7,7 +7,7 @@ import logging
 
 from ..model.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 from . import CliError
-from .model_args import NO_DRAFT
+from .model_args import NO_DRAFT, add_cache_args
 
 
 def add_parser(sub) -> None:
@@ -35,6 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="target tokens per step: k+1 per decoding request, the rest prompt chunks "
                         "(default max(2048, 2 * max_num_seqs * (k+1)))")
+    add_cache_args(p)
     p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float64")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -80,7 +81,18 @@ def run(args: argparse.Namespace) -> int:
     config = ServeConfig(model=target, speculative_config=spec, served_model_name=args.served_model_name or target,
                          dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                         api_key=args.api_key)
+                         api_key=args.api_key, kv_cache_memory=args.kv_cache_memory,
+                         enable_prefix_caching=args.enable_prefix_caching)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
+    failed: list[str] = []
+
+    def stop(message: str) -> None:   # a model that cannot load (e.g. a KV budget that does not fit) ends the server
+        failed.append(message)
+        server.should_exit = True
+
+    server = uvicorn.Server(uvicorn.Config(create_app(config, on_load_error=stop), host=args.host, port=args.port,
+                                           log_level=args.log_level))
+    server.run()
+    if failed:
+        raise CliError(f"the model failed to load: {failed[0]}")
     return 0

@@ -41,14 +41,17 @@ class ServeConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int | None = None
     api_key: str | None = None
+    kv_cache_memory: int | str | None = None
+    enable_prefix_caching: bool = True
     llm_kwargs: dict = field(default_factory=dict)
 
 
 class ServerState:
     """The loaded model, or why it is not there yet."""
 
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, on_load_error=None):
         self.config = config
+        self.on_load_error = on_load_error   # called with the message when loading fails (the CLI exits)
         self.engine: AsyncEngine | None = None
         self.tokenizer = None
         self.load_error: str | None = None
@@ -62,10 +65,13 @@ class ServerState:
         try:
             llm = LLM(model=c.model, speculative_config=c.speculative_config, dtype=c.dtype, device=c.device,
                       max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
-                      max_num_batched_tokens=c.max_num_batched_tokens, **c.llm_kwargs)
+                      max_num_batched_tokens=c.max_num_batched_tokens, kv_cache_memory=c.kv_cache_memory,
+                      enable_prefix_caching=c.enable_prefix_caching, **c.llm_kwargs)
         except Exception as e:
             self.load_error = f"{type(e).__name__}: {e}"
             logger.exception("loading the model failed")
+            if self.on_load_error is not None:
+                self.on_load_error(self.load_error)
             return
         self.tokenizer = llm.tokenizer
         engine = AsyncEngine(llm.engine, self.metrics)
@@ -80,8 +86,10 @@ class ServerState:
         return self.engine
 
 
-def create_app(config: ServeConfig, load_in_background: bool = True) -> FastAPI:
-    state = ServerState(config)
+def create_app(config: ServeConfig, load_in_background: bool = True, on_load_error=None) -> FastAPI:
+    """The app; it loads the model at startup (in the background: /health answers 503 until it is ready).
+    on_load_error(message): called where loading fails, e.g. to stop the server."""
+    state = ServerState(config, on_load_error)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -22,6 +22,7 @@ from ..output_processor import OutputProcessor
 from .metrics import ServerMetrics
 
 logger = logging.getLogger("anydraft.serve")
+LOG_INTERVAL_SECONDS = 10.0   # between the load log lines of a busy server (vLLM logs its stats as often)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class AsyncEngine:
         self._sinks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}   # request_id -> its queue
         self._last_output: dict[int, float] = {}                                      # request_id -> time
         self._stopped = threading.Event()
+        self._last_log = 0.0
         self._thread = threading.Thread(target=self._loop, name="anydraft-engine", daemon=True)
 
     def start(self) -> None:
@@ -109,6 +111,10 @@ class AsyncEngine:
                 self._post(request, now)
             self.metrics.observe_spec(self.engine.stats)
             self.metrics.observe_queue(len(self.engine.scheduler.running), len(self.engine.scheduler.waiting))
+            self.metrics.observe_caches(self.engine.kv_pools(), self.engine.scheduler.num_preemptions)
+            if now - self._last_log >= LOG_INTERVAL_SECONDS:
+                self._last_log = now
+                logger.info(self.engine.load_summary())
 
     def _drain(self, block: bool) -> None:
         try:

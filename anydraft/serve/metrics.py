@@ -43,9 +43,18 @@ class ServerMetrics:
                              names, buckets=_LATENCY_BUCKETS, registry=self.registry)
         self.e2e = Histogram("anydraft:e2e_request_latency_seconds", "Arrival to finish", names,
                              buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.kv_cache_usage = Gauge("anydraft:kv_cache_usage_perc",
+                                    "Fraction of the KV block pool held by requests (1 = full)", names + ["cache"],
+                                    registry=self.registry)
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      ["cache"])
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache", ["cache"])
+        self.preemptions = counter("num_preemptions", "Requests preempted (blocks freed, re-prefilled later)")
         self._labels = labels
+        self._seen_lookups: dict[str, tuple[int, int]] = {}   # cache -> (queried, hit) tokens counted so far
+        self._seen_preemptions = 0
         for m in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.prompt_tokens,
-                  self.generation_tokens, self.running, self.waiting, self.ttft, self.itl, self.e2e):
+                  self.generation_tokens, self.running, self.waiting, self.ttft, self.itl, self.e2e, self.preemptions):
             m.labels(**labels)   # present (at 0) from the start, as vLLM's are
         for position in range(num_speculative_tokens):
             self.accepted_per_pos.labels(**labels, position=str(position))
@@ -63,6 +72,20 @@ class ServerMetrics:
                 self.accepted_per_pos.labels(**labels, position=str(position)).inc(now - before)
         seen.target_forwards, seen.num_drafted, seen.num_accepted = drafts, stats.num_drafted, stats.num_accepted
         seen.accepted_at_position = list(stats.accepted_at_position)
+
+    def observe_caches(self, pools: dict, num_preemptions: int) -> None:
+        """Pool usage and what the prefix caches and preemptions gained since the last call; pools: name ->
+        BlockPool ("target", "draft")."""
+        labels = self._labels
+        for name, pool in pools.items():
+            self.kv_cache_usage.labels(**labels, cache=name).set(pool.usage())
+            queried, hit = self._seen_lookups.get(name, (0, 0))
+            stats = pool.stats
+            self.prefix_queries.labels(**labels, cache=name).inc(stats.queried_tokens - queried)
+            self.prefix_hits.labels(**labels, cache=name).inc(stats.hit_tokens - hit)
+            self._seen_lookups[name] = (stats.queried_tokens, stats.hit_tokens)
+        self.preemptions.labels(**labels).inc(num_preemptions - self._seen_preemptions)
+        self._seen_preemptions = num_preemptions
 
     def observe_queue(self, num_running: int, num_waiting: int) -> None:
         self.running.labels(**self._labels).set(num_running)
