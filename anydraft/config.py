@@ -154,7 +154,7 @@ class SpeculativeConfig:
 class EngineConfig:
     """Capacity of the running batch and the caches."""
     max_num_seqs: int = 8
-    """Requests decoding at once (cache rows); more wait in the queue."""
+    """Requests decoding at once; more wait in the queue."""
     max_model_len: int = 2048
     """Prompt + output tokens per request."""
     dtype: str = "bfloat16"

@@ -40,7 +40,7 @@ class LLM:
         dtype: the target's dtype (EngineConfig.dtype).
         device: cpu | cuda; None = cuda when present (EngineConfig.device).
         max_model_len: prompt + output tokens per request.
-        max_num_seqs: requests decoding at once (cache rows); `anydraft serve` defaults to 64.
+        max_num_seqs: requests decoding at once; `anydraft serve` defaults to 64.
         tokenizer: a tokenizer directory; None = the target's own.
         max_num_batched_tokens: target tokens per step; None = max(2048, 2 * max_num_seqs * (k + 1)).
     """

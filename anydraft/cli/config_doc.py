@@ -83,7 +83,7 @@ ENVIRONMENT = """## Environment variables
   `smollm2-135m`), plus float32 for the few tensors bf16 cannot hold exactly. Safe to delete (regrown on
   next use).
 - **Native kernels** (`$ANYDRAFT_NATIVE_DIR` or `~/.cache/anydraft/native`): one folder per key (sources, torch
-  version, CPU model and flags) holding the sources and the compiled extension, tens of MB; a new folder appears
+  version, CPU model and flags) holding the sources and the compiled extension, about 4 MB; a new folder appears
   when any of those change, and old ones are never read again, so they may be deleted.
 """
 
