@@ -32,17 +32,26 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 @dataclass
 class SamplingParams:
-    """Per-request decoding settings (vLLM's names). temperature 0 = greedy."""
+    """Per-request decoding settings (vLLM's names). temperature 0 = greedy.
+
+    Each field's string below it is its documentation (docs/configuration.md is generated from them)."""
     temperature: float = 1.0
+    """0 = greedy (argmax, lowest id on ties); > 0 samples from softmax(logits / temperature)."""
     top_p: float = 1.0
+    """Nucleus cut: keep the most likely tokens whose probabilities sum to top_p (1 = no cut)."""
     top_k: int = 0
+    """Keep only the top_k most likely tokens (0 or -1 = no cut)."""
     max_tokens: int = 128
+    """The most tokens this request generates."""
     seed: int | None = None
+    """A 64-bit seed for this request's draws (None: a fresh non-deterministic seed)."""
     stop: list[str] | str | None = None
+    """Stop strings: the output ends before the first one (not included in the text)."""
     ignore_eos: bool = False
-    # At most this many draft tokens per step for this request; 0 opts it out of speculation (its output is the
-    # same either way; speculation only changes speed). None: as many as the engine drafts.
+    """Keep generating past the end-of-sequence token, up to max_tokens."""
     num_speculative_tokens: int | None = None
+    """At most this many draft tokens per step for this request; 0 opts it out of speculation (its output is
+    the same either way; speculation only changes speed). None: as many as the engine drafts."""
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -78,20 +87,29 @@ class SamplingParams:
 class SpeculativeConfig:
     """The draft side: which model proposes, how many tokens per step, how vocabularies are matched."""
     model: str
-    num_speculative_tokens: int = 5   # the most a step drafts (adaptive picks 0..this per step)
+    """The draft: a checkpoint directory, a builtin name (smollm2-draft, ...) or SMALL@SHAPE (grown)."""
+    num_speculative_tokens: int = 5
+    """The most draft tokens a step proposes (adaptive speculation picks 0..this per step)."""
     vocab_mode: str = "auto"
-    adaptive: bool = True             # choose k per step for speed; False: always num_speculative_tokens
-    dtype: str | None = None     # None = the target's dtype
-    device: str | None = None    # None = the target's device
+    """How the vocabularies are matched: auto | identity | tli | d2t | slem (auto picks one and says why)."""
+    adaptive: bool = True
+    """Choose k per step for speed; False: always num_speculative_tokens."""
+    dtype: str | None = None
+    """The draft's dtype; None = the target's."""
+    device: str | None = None
+    """The draft's device; None = the target's."""
     resync_window: int = 6
-    # Frequency-ranked draft head (vocab/frequency.py): keep the draft_vocab_size output rows whose target
-    # tokens draft_vocab_corpus uses most (SLEM: the draft's own tokens). None = the whole head (TLI: the whole
-    # intersection).
+    """Draft tokens re-tokenized around a target token outside the intersection (re-sync's look-back)."""
     draft_vocab_size: int | None = None
+    """Frequency-ranked draft head (vocab/frequency.py): keep the draft_vocab_size output rows whose target
+    tokens draft_vocab_corpus uses most (SLEM: the draft's own tokens). None = the whole head (TLI: the whole
+    intersection)."""
     draft_vocab_corpus: str | None = None
-    # In-domain text vocab_mode="auto" measures TLI's coverage on (vocab/mode_choice.py); None: auto keeps TLI
-    # across vocabularies. Not draft_vocab_corpus: a head cut ranks TLI's rows, it does not ask for another mode.
+    """In-domain text (.jsonl with string fields, or plain text) that ranks the head's rows for
+    draft_vocab_size; required with it."""
     vocab_mode_corpus: str | None = None
+    """In-domain text vocab_mode="auto" measures TLI's coverage on (vocab/mode_choice.py); None: auto keeps TLI
+    across vocabularies. Not draft_vocab_corpus: a head cut ranks TLI's rows, it does not ask for another mode."""
 
     def __post_init__(self):
         if not self.model:
@@ -138,12 +156,20 @@ class SpeculativeConfig:
 class EngineConfig:
     """Capacity of the running batch and the caches."""
     max_num_seqs: int = 8
+    """Requests decoding at once; more wait in the queue."""
     max_model_len: int = 2048
+    """Prompt + output tokens per request."""
     dtype: str = "bfloat16"
+    """The target's dtype: bfloat16 | float32 | float64 | float16 (or bf16, fp32, fp64, fp16)."""
     device: str | None = None
-    kv_cache_memory: int | str | None = None   # bytes or "4GiB" for both KV pools; None: cache_budget's default
+    """cpu | cuda; None = cuda when present, else cpu."""
+    kv_cache_memory: int | str | None = None
+    """Bytes (or "4GiB") for the target's and the draft's KV block pools together; None: half the memory free
+    after loading, at most what every row at max_model_len holds."""
     enable_prefix_caching: bool = True
+    """Reuse the KV of prompt prefixes seen before, for the target and the draft."""
     extra: dict = field(default_factory=dict)
+    """Free-form settings carried along unread by the engine."""
 
     def __post_init__(self):
         if self.max_num_seqs < 1:

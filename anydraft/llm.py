@@ -38,6 +38,18 @@ class LLM:
 
     >>> llm = LLM(model="qwen3-target", speculative_config={"model": "smollm2-draft", "num_speculative_tokens": 3})
     >>> out = llm.generate(["Question: ...\\nAnswer:"], SamplingParams(temperature=0, max_tokens=64))
+
+    Args (one line each; docs/configuration.md is generated from them):
+        model: the target: a checkpoint directory, a builtin name or SMALL@SHAPE (grown on first use).
+        speculative_config: the draft, a SpeculativeConfig or its dict; None decodes with the target alone.
+        dtype: the target's dtype (EngineConfig.dtype).
+        device: cpu | cuda; None = cuda when present (EngineConfig.device).
+        max_model_len: prompt + output tokens per request.
+        max_num_seqs: requests decoding at once; `anydraft serve` defaults to 64.
+        tokenizer: a tokenizer directory; None = the target's own.
+        max_num_batched_tokens: target tokens per step; None = max(2048, 2 * max_num_seqs * (k + 1)).
+        kv_cache_memory: bytes or "4GiB" for both KV block pools (EngineConfig.kv_cache_memory).
+        enable_prefix_caching: reuse the KV of prompt prefixes seen before, target and draft.
     """
 
     def __init__(self, model: str = DEFAULT_TARGET, speculative_config: dict | SpeculativeConfig | None = None,

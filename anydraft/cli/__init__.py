@@ -13,7 +13,8 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit code 2, no traceback."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    """The `anydraft` parser and its subcommand modules by name (also read by cli/config_doc.py)."""
     parser = argparse.ArgumentParser(prog="anydraft", description="Lossless speculative decoding with a draft "
                                      "model of any vocabulary.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -27,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         mod.add_parser(sub)
         modules[name] = mod
+    return parser, modules
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, modules = build_parser()
     args = parser.parse_args(argv)
     try:
         return modules[args.command].run(args) or 0

@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("advise", help="rank candidate drafts for a target (overlap, coverage, mode, AL, speedup)",
                        description="For each candidate draft: vocabulary overlap both ways, how much of the corpus "
                                    "TLI's intersection covers, the vocab mode 'auto' chooses and why, the "
-                                   "frequency-ranked head size keeping 99%% of the corpus, the measured draft/target "
+                                   "frequency-ranked head size keeping 99% of the corpus, the measured draft/target "
                                    "cost ratio, the measured AL at each k (greedy, fixed k) and the cost model's "
                                    "predicted speedup; ranked by predicted speedup. Builtin models: "
                                    + ", ".join(BUILTIN_MODELS))

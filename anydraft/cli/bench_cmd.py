@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
                                    "(median and best of --repeats interleaved rounds after a discarded warm-up), AL, "
                                    "speedup vs target alone and the cost-model ideal "
                                    "AL*T_target/(T_verify + k*T_draft).")
-    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target checkpoint dir or builtin name")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft of another vocabulary (TLI)")
     p.add_argument("--same-vocab-draft", default=None,
                    help="draft sharing the target's tokenizer (default: the shipped draft of the target's family, "
@@ -61,8 +61,8 @@ def add_parser(sub) -> None:
                    help="prompts decoded together: each contender gets groups of this many prompts at once "
                         "(anydraft: as many cache rows; vLLM: max_num_seqs). --num-prompts must be a multiple of it. "
                         "HF assisted generation and the roofline run at batch 1 only (skipped with the reason)")
-    p.add_argument("--num-prompts", type=int, default=10)
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-prompts", type=int, default=10, help="the first N GSM8K test questions")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed rounds (after one warm-up each); a round decodes every prompt on every contender, "
                         "interleaved group by group so machine drift hits all contenders alike")

@@ -12,18 +12,18 @@ def add_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate on a benchmark (gsm8k)")
     p.add_argument("task", choices=["gsm8k"])
     add_model_args(p, max_model_len=4096)
-    p.add_argument("--num-questions", type=int, default=500)
+    p.add_argument("--num-questions", type=int, default=500, help="the first N test questions")
     p.add_argument("--num-shots", type=int, default=0,
                    help="few-shot examples from the train split (0 suits the shipped models, trained zero-shot)")
     p.add_argument("--chat", action="store_true", help="use the target tokenizer's chat template")
     p.add_argument("--compare-target", action="store_true",
                    help="also run the target alone: exact-text matches and near-ties at first divergences")
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=256, help="the most tokens generated per question")
     p.add_argument("--batch-size", type=int, default=16, help="rows decoded together (all prompts are queued at once)")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="directory with GSM8K train.jsonl / test.jsonl (default: ../shared/data/gsm8k when present)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def _progress(total: int, label: str, enabled: bool):

@@ -37,7 +37,7 @@ def add_model_args(p: argparse.ArgumentParser, max_model_len: int = 2048) -> Non
 def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", default=None, metavar="BYTES",
                    help=f"memory for the target's and the draft's KV block pools together, e.g. 4GiB (default: "
-                        f"{DEFAULT_KV_CACHE_FRACTION:.0%} of the memory free after loading, at most what every row "
+                        f"{DEFAULT_KV_CACHE_FRACTION:.0%}% of the memory free after loading, at most what every row "
                         f"at max-model-len holds)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV of prompt prefixes seen before, for the target and the draft (default on)")

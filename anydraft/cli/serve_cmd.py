@@ -26,11 +26,11 @@ def add_parser(sub) -> None:
                         '(keys of anydraft SpeculativeConfig; "method" is accepted and ignored)')
     p.add_argument("--no-adaptive", dest="adaptive", action="store_false",
                    help="draft k tokens every step (default: adaptive speculation picks 0..k per step)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--served-model-name", default=None, help="name clients use in 'model' (default: the target's)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
-    p.add_argument("--max-num-seqs", type=int, default=64, help="cache rows: requests decoding at once (default 64)")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests decoding at once (default 64)")
     p.add_argument("--max-model-len", type=int, default=2048, help="prompt + output tokens per request")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="target tokens per step: k+1 per decoding request, the rest prompt chunks "
@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     add_cache_args(p)
     p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float64")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="the server's log level")
 
 
 def speculative_config(args: argparse.Namespace, target_given: bool) -> dict | None:

@@ -31,8 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("vocab", help="vocabulary intersection of a target and a draft tokenizer",
                                    description="Build (or load from cache) the target<->draft vocabulary bridge "
                                    "and report its coverage.")
-    parser.add_argument("target_tokenizer", metavar="TARGET_TOKENIZER_DIR")
-    parser.add_argument("draft_tokenizer", metavar="DRAFT_TOKENIZER_DIR")
+    parser.add_argument("target_tokenizer", metavar="TARGET_TOKENIZER_DIR", help="folder with the target's tokenizer.json")
+    parser.add_argument("draft_tokenizer", metavar="DRAFT_TOKENIZER_DIR", help="folder with the draft's tokenizer.json")
     parser.add_argument("--target-rows", type=int, default=None,
                         help="target embedding rows (default: the tokenizer's size)")
     parser.add_argument("--draft-rows", type=int, default=None,

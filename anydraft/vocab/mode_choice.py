@@ -14,11 +14,11 @@ The rule, in order:
    estimates the share of positions where TLI's restriction does not bind (the two sides taken as
    independent). SLEM when c < SLEM_COVERAGE_THRESHOLD, else TLI.
 
-Why 0.95: if a draft accepts with per-position rate a unrestricted, TLI accepts about c·a, and the expected
-tokens of a step drafting k is AL(a, k) = 1 + a + ... + a^k. At the shipped pairs' per-position acceptance
-(a ≈ 0.85, README: 0.88 / 0.79 / 0.73 cumulative at k = 3) and k = 5, c = 0.95 costs TLI ≈ 10% of its AL
-(modeled_tli_al_loss): below that SLEM's extra host work (re-tokenizing the draft's text every step) is
-likely to pay for itself, above it TLI, which also serves sampling, keeps its edge. The threshold is a model,
+Why 0.95: if a draft accepts with per-position rate a unrestricted, TLI accepts about c·a, and the expected tokens
+of a step drafting k is AL(a, k) = 1 + a + ... + a^k. At the shipped pairs' per-position acceptance (a ≈ 0.85;
+bench/results/2026-11-29-s5/eval_*.json: 0.88 / 0.79 / 0.73 cumulative at k = 3) and k = 5, c = 0.95 costs TLI ≈
+10% of its AL (modeled_tli_al_loss): below that SLEM's extra host work (re-tokenizing the draft's text every step)
+is likely to pay for itself, above it TLI, which also serves sampling, keeps its edge. The threshold is a model,
 not a measurement: `anydraft advise` measures the AL the chosen mode reaches.
 
 When auto picks SLEM it also cuts the draft's head (slem_head_size): to the smallest power of two that keeps
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 SLEM_COVERAGE_THRESHOLD = 0.95
 SLEM_HEAD_COVERAGE = 0.99   # share of the draft's own corpus tokens auto's SLEM head keeps
-TYPICAL_ACCEPTANCE = 0.85   # per-position acceptance of the shipped cross-vocabulary pairs (README, GSM8K)
+TYPICAL_ACCEPTANCE = 0.85   # per-position acceptance of the shipped cross-vocabulary pairs (GSM8K, bench/results/2026-11-29-s5/)
 TYPICAL_K = 5               # the default num_speculative_tokens
 
 

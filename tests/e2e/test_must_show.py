@@ -82,7 +82,7 @@ def test_eval_gsm8k_20_questions_compare_target(capsys):
     assert result["acceptance_length"] >= 2.0
     assert len(result["mismatches"]) == 20 - result["exact_matches"]
     if result["provenance"]["kernels"]["target"]["body"] == "native":
-        assert result["exact_matches"] == 20, result["mismatches"]   # the README's claim: bf16 exact when native
+        assert result["exact_matches"] == 20, result["mismatches"]   # docs/guarantees.md: bf16 greedy exact when native
     else:   # the PyTorch path: any divergence must be at a near-tie of the target's logits
         assert all(m["near_tie"] for m in result["mismatches"]), result["mismatches"]
     assert "| model |" in result["markdown"]
