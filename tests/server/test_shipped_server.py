@@ -125,3 +125,44 @@ def test_short_soak(shipped_server):
     assert report["greedy_checked"] >= 15 and report["disconnected_early"] >= 1 and report["sampled"] >= 5
     assert report["running_after"] == 0 and report["waiting_after"] == 0
     assert httpx.get(shipped_server.base_url + "/health").status_code == 200
+
+
+def _time_to_first_token(client, prompt: str) -> tuple[float, str]:
+    start = time.perf_counter()
+    stream = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, stream=True)
+    first, text = None, ""
+    for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].text:
+            first = time.perf_counter() - start
+        text += chunk.choices[0].text if chunk.choices else ""
+    return first, text
+
+
+def test_a_shared_prefix_is_served_from_the_prefix_cache(shipped_server):
+    """A second request sharing a long prompt prefix reads it from the prefix cache (target and draft): the hit
+    counters grow by about the prefix, its first token comes sooner, and a repeat gives the same text (exactness
+    with and without hits is checked against the target alone in tests/engine/test_prefix_caching.py)."""
+    client = shipped_server.client()
+    # A prefix no other test sends (its own questions, reordered), so the first request is a miss.
+    prefix = "\n".join(f"Question: {q}\nAnswer: {q[::-1][:40]}" for q in gsm8k_questions(12, start=300)[::-1])
+    prompts = [f"{prefix}\nQuestion: {q}\nAnswer:" for q in gsm8k_questions(3, start=320)]
+    hits = 'anydraft:prefix_cache_hits_total{cache="%s"'
+    before = {c: shipped_server.metric(hits % c) for c in ("target", "draft")}
+    cold, _ = _time_to_first_token(client, prompts[0])
+    warm = [_time_to_first_token(client, prompt) for prompt in prompts[1:]]
+    gained = {c: shipped_server.metric(hits % c) - before[c] for c in ("target", "draft")}
+    prefix_tokens = len(_target_tokenizer().encode(prefix))
+    assert gained["target"] >= 2 * (prefix_tokens - 32), (gained, prefix_tokens)
+    assert gained["draft"] > prefix_tokens, gained        # the draft's own tokens of the prefix, both warm requests
+    assert min(t for t, _ in warm) < cold, (cold, warm)
+    for prompt, (_, text) in zip(prompts[1:], warm):
+        again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+        assert again.choices[0].text == text
+    assert shipped_server.metric("anydraft:kv_cache_usage_perc") >= 0.0
+    assert 'anydraft:num_preemptions_total{model_name="qwen3-target"}' in shipped_server.metrics()
+
+
+def _target_tokenizer():
+    from anydraft.model.loader import resolve_model_path
+    from anydraft.tokenizer import Tokenizer
+    return Tokenizer.from_dir(resolve_model_path(MODEL))
