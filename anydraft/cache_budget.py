@@ -76,6 +76,11 @@ class CachePlan:
         return line
 
 
+def block_rounded(num_rows: int, max_len: int) -> int:
+    """Tokens the pool needs for num_rows rows of max_len each (a row takes whole blocks)."""
+    return num_rows * blocks_for(max_len) * BLOCK_TOKENS
+
+
 def plan_caches(kv_cache_memory: int | str | None, device: torch.device, target_bytes_per_token: int,
                 target_full_tokens: int, request_tokens: int, draft_bytes_per_token: int = 0,
                 draft_full_tokens: int = 0, draft_tokens_per_target_token: float = 1.0,
@@ -96,8 +101,8 @@ def plan_caches(kv_cache_memory: int | str | None, device: torch.device, target_
             raise ValueError(f"kv_cache_memory {kv_cache_memory} is more than the {_gib(available)} free on "
                              f"{device} after loading the weights; give at most that")
     target_tokens = min(int(budget / per_target_token), target_full_tokens)
-    if target_tokens < blocks_for(request_tokens) * BLOCK_TOKENS:
-        need = blocks_for(request_tokens) * BLOCK_TOKENS * per_target_token
+    if target_tokens < request_tokens:
+        need = request_tokens * per_target_token
         raise ValueError(f"a KV budget of {_gib(budget)} ({source}) holds {target_tokens:,} target tokens, less "
                          f"than one request of max_model_len ({request_tokens:,} tokens, {_gib(need)}); give "
                          f"--kv-cache-memory at least {_gib(need)} or lower --max-model-len")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from .cache_budget import CachePlan, plan_caches
+from .cache_budget import CachePlan, block_rounded, plan_caches
 from .config import EngineConfig, SamplingParams, SpeculativeConfig, parse_dtype, resolve_device
 from .engine import Engine
 from .heap import freeze_startup_heap
@@ -83,9 +83,9 @@ class LLM:
         """Size the target's and the draft's block pools from one budget, allocate them, and log what fits."""
         cfg, draft = self.engine_config, self.draft_runner
         plan = plan_caches(cfg.kv_cache_memory, device, self.target.bytes_per_token,
-                           cfg.max_num_seqs * self.target.cache.max_len, max_model_len + k,
+                           block_rounded(cfg.max_num_seqs, self.target.cache.max_len), max_model_len + k,
                            draft.bytes_per_token if draft else 0,
-                           cfg.max_num_seqs * draft.cache.max_len if draft else 0,
+                           block_rounded(cfg.max_num_seqs, draft.cache.max_len) if draft else 0,
                            self.draft_info.get("draft_tokens_per_target_token", 1.0))
         self.target.allocate_cache(plan.target_blocks)
         if draft is not None:
