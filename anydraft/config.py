@@ -1,11 +1,14 @@
 """User-facing configuration dataclasses, validated on construction with messages that say what to change."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from .cache_budget import parse_bytes
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)   # a larger temperature is inf on the device
 
 VOCAB_MODES = ("auto", "identity", "tli", "d2t", "slem")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -54,12 +57,13 @@ class SamplingParams:
     the same either way; speculation only changes speed). None: as many as the engine drafts."""
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= FLOAT32_MAX):
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), finite and at most {FLOAT32_MAX:.4g} "
+                             f"(float32's largest), got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0 and self.top_k != -1:
-            raise ValueError(f"top_k must be >= 0 (0 or -1 = off), got {self.top_k}")
+        if not -1 <= self.top_k < 2 ** 63:   # a 64-bit count on the device
+            raise ValueError(f"top_k must be in [-1, 2**63) (0 or -1 = off), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not (isinstance(self.seed, int) and -2 ** 63 <= self.seed < 2 ** 64):

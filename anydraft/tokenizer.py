@@ -21,6 +21,19 @@ class TokenizerError(ValueError):
     """A tokenizer directory we cannot use; the message names the file and what is wrong."""
 
 
+def check_text(text: str, what: str = "text") -> None:
+    """Raise a ValueError naming the first character that is not valid Unicode (a lone UTF-16 surrogate, as
+    JSON's "\\udcff" or Python's surrogateescape decoding make): no tokenizer can encode it."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} contains a lone UTF-16 surrogate (U+{ord(text[e.start]):04X} at character "
+                         f"{e.start}), which is not valid Unicode and cannot be tokenized; send valid text (a "
+                         f"surrogate must be one half of a pair)") from None
+
+
 def _token_content(value: Any) -> str | None:
     """tokenizer_config stores special tokens as a string or as a serialized AddedToken dict."""
     if isinstance(value, dict):
@@ -154,7 +167,12 @@ class Tokenizer:
 
     # --- encode / decode ---------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        token_ids = self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of text; a ValueError if it is not valid Unicode (a lone surrogate), a TypeError if not a str."""
+        try:
+            token_ids = self._hf.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:   # the tokenizers library's "TextInputSequence must be str": say which character
+            check_text(text)
+            raise
         if add_special_tokens and self._adds_bos:
             token_ids = [self.bos_token_id, *token_ids]
         if add_special_tokens and self._adds_eos:
@@ -164,7 +182,12 @@ class Tokenizer:
     def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """encode() of many texts at once (the tokenizers library spreads them over the CPU cores)."""
         if not add_special_tokens:
-            return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+            try:
+                return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+            except TypeError:
+                for i, text in enumerate(texts):
+                    check_text(text, f"texts[{i}]")
+                raise
         return [self.encode(text) for text in texts]
 
     @cached_property
@@ -176,7 +199,11 @@ class Tokenizer:
     def encode_fragment(self, text: str) -> list[int]:
         """Encode a middle-of-text piece: no specials, no dummy prefix space, no normalization,
         special-token strings treated as plain text. Used by re-sync; see vocab/resync.py."""
-        return self._fragment_hf.encode(text, add_special_tokens=False).ids
+        try:
+            return self._fragment_hf.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            check_text(text)
+            raise
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -3,6 +3,9 @@
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both with stream: true as server-sent events
 ending in `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text). The model loads in a
 background thread after the socket is up; until it is ready every endpoint but /metrics answers 503.
+Every failure answers OpenAI's error body ({"error": {"message", "type", "param", "code"}}): a 4xx for what the
+client sent, a 500 for a server fault; a stream that fails after it started ends with that body as its last
+event before `data: [DONE]` (docs/errors.md).
 """
 from __future__ import annotations
 
@@ -18,13 +21,14 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from jinja2 import TemplateError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..config import SpeculativeConfig
 from ..tokenizer import TokenizerError
 from .async_engine import AsyncEngine, RequestDelta
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from .protocol import ApiError, ChatCompletionRequest, CompletionRequest
+from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
 
 logger = logging.getLogger("anydraft.serve")
 
@@ -106,26 +110,28 @@ def create_app(config: ServeConfig, load_in_background: bool = True, on_load_err
 
     @app.exception_handler(ApiError)
     async def api_error(_, e: ApiError):
-        return JSONResponse(e.body(), status_code=e.status)
+        return error_response(e)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        message = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
-                            for err in e.errors())
-        return JSONResponse(ApiError(400, message or "invalid request", where).body(), status_code=400)
+        return error_response(validation_error(e.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_, e: StarletteHTTPException):
-        return JSONResponse(ApiError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+        message = str(e.detail)
+        if e.status_code == 400 and message == "There was an error parsing the body":   # FastAPI's, for non-UTF-8
+            message += " (not UTF-8, or nested too deeply); send a JSON object in UTF-8"
+        return error_response(ApiError(e.status_code, message), getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def server_fault(_, e: Exception):   # a bug: still the error body (Starlette re-raises it to the log)
+        return error_response(ApiError(500, f"internal server error: {type(e).__name__}: {e}"))
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
         if config.api_key and request.url.path.startswith("/v1"):
             if request.headers.get("authorization", "") != f"Bearer {config.api_key}":
-                return JSONResponse(ApiError(401, "invalid or missing API key (Authorization: Bearer ...)").body(),
-                                    status_code=401)
+                return error_response(ApiError(401, "invalid or missing API key (Authorization: Bearer ...)"))
         return await call_next(request)
 
     @app.get("/health")
@@ -149,7 +155,7 @@ def create_app(config: ServeConfig, load_in_background: bool = True, on_load_err
         engine = _checked(state, body)
         prompt, prompt_ids = body.prompt_input()
         if prompt_ids is None:
-            prompt_ids = state.tokenizer.encode(prompt) if prompt else []
+            prompt_ids = _encode(state, prompt, "prompt") if prompt else []
         return await _serve(state, engine, body, raw, prompt, prompt_ids, body.max_tokens, chat=False)
 
     @app.post("/v1/chat/completions")
@@ -160,12 +166,29 @@ def create_app(config: ServeConfig, load_in_background: bool = True, on_load_err
                                 f"cannot be formatted; use /v1/completions")
         try:
             prompt = state.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
-        except TokenizerError as e:
-            raise ApiError(400, str(e), "messages") from e
-        prompt_ids = state.tokenizer.encode(prompt, add_special_tokens=False)
+        except (TokenizerError, TemplateError) as e:
+            raise ApiError(400, f"the model's chat template cannot format these messages: {e}", "messages") from e
+        prompt_ids = _encode(state, prompt, "messages", add_special_tokens=False)
         return await _serve(state, engine, body, raw, prompt, prompt_ids, body.requested_max_tokens, chat=True)
 
     return app
+
+
+def error_response(e: ApiError, headers: dict | None = None) -> JSONResponse:
+    """The error body as ASCII JSON: a message may quote what the client sent, which need not be valid UTF-8."""
+    return _AsciiJSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+class _AsciiJSONResponse(JSONResponse):
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True).encode("ascii")
+
+
+def _encode(state: ServerState, text: str, field_name: str, **kwargs) -> list[int]:
+    try:
+        return state.tokenizer.encode(text, **kwargs)
+    except ValueError as e:   # text the tokenizer refuses (a lone surrogate), should the models let one through
+        raise ApiError(400, f"{field_name}: {e}", field_name) from e
 
 
 def _checked(state: ServerState, body) -> AsyncEngine:
@@ -183,9 +206,10 @@ async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, pr
     if prompt_ids and len(prompt_ids) < max_model_len:
         room = max_model_len - len(prompt_ids)
         if max_tokens is not None and max_tokens > room:
+            name = body.max_tokens_field
             raise ApiError(400, f"this model's maximum context length is {max_model_len} tokens; the prompt has "
-                                f"{len(prompt_ids)} and max_tokens asks for {max_tokens} more; lower max_tokens to "
-                                f"at most {room} or shorten the prompt", "max_tokens")
+                                f"{len(prompt_ids)} and {name} asks for {max_tokens} more; lower {name} to "
+                                f"at most {room} or shorten the prompt", name)
         max_tokens = room if max_tokens is None else max_tokens
     try:
         requests = [engine.new_request(prompt, body.sampling_params(max_tokens or 1, i), prompt_ids)
@@ -250,6 +274,9 @@ class _Reply:
                 yield f"data: {json.dumps({**self._head(True), 'choices': [], 'usage': self._usage()})}\n\n"
         except ApiError as e:
             yield f"data: {json.dumps(e.body())}\n\n"
+        except Exception as e:   # the headers are sent: the error goes in the stream, not in a dropped connection
+            logger.error("stream failed", exc_info=e)
+            yield f"data: {json.dumps(ApiError(500, f'internal server error: {type(e).__name__}: {e}').body())}\n\n"
         yield "data: [DONE]\n\n"
 
     async def whole(self, deltas, raw: Request):

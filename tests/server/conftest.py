@@ -7,6 +7,8 @@ by the tests, driven by the official `openai` client.
   (SentencePiece), an API key, and max_model_len 128. Speculation is not adaptive here: adaptive k follows
   measured step times, and a seeded sample on the PyTorch path (float64 here: rejection sampling) depends on each
   step's k, so seeds reproduce only with a fixed k.
+- `tiny_chat_server`: the same draft and settings with the random qwen3 target whose tokenizer keeps its chat
+  template, so chat completions are served too.
 """
 from __future__ import annotations
 
@@ -143,6 +145,19 @@ def tiny_server(tiny_ckpts, tiny_target, tmp_path_factory):
                            str(a["max_model_len"]), "--max-num-seqs", str(a["max_num_seqs"]),
                            "--served-model-name", "tiny", "--api-key", TINY_API_KEY],
                           tmp_path_factory.mktemp("logs") / "tiny.log", api_key=TINY_API_KEY,
+                          env={"ANYDRAFT_CACHE_DIR": str(tmp_path_factory.mktemp("bridge_cache"))})
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_server(tiny_ckpts, tmp_path_factory):
+    a = TINY_SERVE_ARGS
+    server = start_server(["--model", str(tiny_ckpts.qwen3_target), "--draft", str(tiny_ckpts.llama2_draft),
+                           "-k", str(a["k"]), "--no-adaptive", "--dtype", a["dtype"], "--device", "cpu", "--max-model-len",
+                           str(a["max_model_len"]), "--max-num-seqs", str(a["max_num_seqs"]),
+                           "--served-model-name", "tiny", "--api-key", TINY_API_KEY],
+                          tmp_path_factory.mktemp("logs") / "tiny_chat.log", api_key=TINY_API_KEY,
                           env={"ANYDRAFT_CACHE_DIR": str(tmp_path_factory.mktemp("bridge_cache"))})
     yield server
     stop_server(server)
