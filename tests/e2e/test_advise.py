@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from anydraft.bench.costs import ideal_speedup
+from anydraft.spec_decode.cost_model import ideal_speedup
 from anydraft.cli import main
 
 KS = [1, 2, 3, 4, 5]
