@@ -4,8 +4,8 @@ Per draft: vocabulary overlap both ways, TLI's corpus coverage, the mode vocab_m
 (vocab/mode_choice.py, the same rule the engine applies), the frequency-ranked head size keeping 99% of the
 corpus, the measured draft/target per-token cost ratio, the measured AL at each k (greedy, fixed k, the first
 N prompts), and the cost model's predicted speedup AL(k)·T_target / (T_verify(k) + F(k)·T_draft)
-(bench/costs.py), F(k) the draft forwards the proposer runs to propose k (k + 1 for SLEM). Drafts are ranked by
-their best predicted speedup.
+(spec_decode/cost_model.py), F(k) the draft forwards the proposer runs to propose k (k + 1 for SLEM). Drafts are
+ranked by their best predicted speedup.
 
 AL is measured at every k rather than derived from one run at the largest k: greedy acceptance at position i
 does not depend on k, but which contexts steps start from does (a step that accepts n tokens moves the next
@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-from .bench.costs import ideal_speedup, measure_costs
-from .bench.engines import set_k
 from .config import SamplingParams, SpeculativeConfig, VOCAB_MODES, parse_dtype, resolve_device
 from .engine import Engine
 from .eval import gsm8k
+from .k_sweep import set_k
 from .model.config import ModelConfig
 from .model.loader import has_d2t_table, resolve_model_path
 from .model.runner import ModelRunner
 from .model.speculators_config import is_speculators_checkpoint
+from .spec_decode.cost_model import ideal_speedup, measure_costs
 from .spec_decode.factory import build_proposer, corpus_coverage
 from .tokenizer import Tokenizer, same_vocabulary
 from .vocab.cache import default_cache_dir, load_or_build_bridge

@@ -271,12 +271,13 @@ class Engine:
 
     def _propose(self, rows: list[int], drafting: list[int], sampling: SamplingBatch | None, k: int) -> Proposal:
         """The proposer's proposal for `drafting`, as one for all `rows`: the others propose nothing (count 0)."""
+        target_states = self.target.take_hidden_states()   # what a hidden-state draft reads ([] for others)
         if len(drafting) == len(rows):
-            return self.proposer.propose(rows, sampling, k)
+            return self.proposer.propose(rows, sampling, k, target_states)
         index = [rows.index(r) for r in drafting]
         if sampling is not None:   # coupled draws: the drafting rows' settings, streams and noise keys
             sampling = sampling.rows(index)
-        part = self.proposer.propose(drafting, sampling, k)                      # ids only: no draft_probs
+        part = self.proposer.propose(drafting, sampling, k, target_states)       # ids only: no draft_probs
         width = part.draft_target_ids.shape[1]
         draft_target_ids = torch.zeros(len(rows), width, dtype=torch.long, device=part.draft_target_ids.device)
         draft_target_ids[index] = part.draft_target_ids

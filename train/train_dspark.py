@@ -34,7 +34,7 @@ from anydraft.model.dspark import DSparkDraft  # noqa: E402
 from anydraft.model.eagle3 import rope_tables  # noqa: E402
 from anydraft.model.kv_cache import CacheWindow  # noqa: E402
 from anydraft.model.loader import load_model  # noqa: E402
-from anydraft.model.speculators_writer import write_speculators_checkpoint  # noqa: E402
+from anydraft.checkpoints.speculators_writer import write_speculators_checkpoint  # noqa: E402
 from anydraft.tokenizer import Tokenizer  # noqa: E402
 from anydraft.vocab.d2t import build_d2t_from_ids  # noqa: E402
 from train_eagle3 import aux_layer_ids, batches, load_texts  # noqa: E402

@@ -1,6 +1,6 @@
 """anydraft's own engines in the bench: one target runner with batch_size cache rows, shared by the target-alone,
-same-vocab and TLI engines (fixed k, and adaptive as LLM runs it by default), and the k setter the sweep uses.
-Timing lives in contenders.py."""
+same-vocab and TLI engines (fixed k, and adaptive as LLM runs it by default). The k setter the sweep uses is
+anydraft/k_sweep.py; timing lives in contenders.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +9,6 @@ import torch
 
 from ..config import SpeculativeConfig, parse_dtype
 from ..engine import Engine
-from ..metrics import SpecStats
 from ..model.loader import load_model, resolve_model_path
 from ..model.runner import ModelRunner
 from ..spec_decode.factory import build_proposer
@@ -55,11 +54,3 @@ def build_engine(target: TargetSetup, draft: str | None, k: int, max_model_len: 
     proposer, info = build_proposer(spec, target.runner, target.tokenizer, rows, max_model_len)
     engine = Engine(target.runner, target.tokenizer, proposer, max_model_len, adaptive=spec.adaptive)
     return engine, info, proposer.runner
-
-
-def set_k(engine: Engine, k: int) -> None:
-    """Reuse a built draft at another k (the sweep): the proposer and the engine both read k per step."""
-    engine.proposer.num_speculative_tokens = k
-    engine.k = k
-    engine.max_model_len = min(engine.max_model_len, engine.target.cache.max_len - k)
-    engine.stats = SpecStats(k)

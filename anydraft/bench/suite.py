@@ -26,11 +26,12 @@ import torch
 
 from ..config import SamplingParams, parse_dtype
 from ..eval import gsm8k
+from ..k_sweep import set_k
 from ..model.loader import BUILTIN_MODELS
 from ..provenance import provenance
+from ..spec_decode.cost_model import ideal_speedup, measure_costs
 from .contenders import EngineContender, run_rounds
-from .costs import ideal_speedup, measure_costs
-from .engines import build_engine, load_target, set_k
+from .engines import build_engine, load_target
 from .inflate import InflateSpec
 from .roofline import measure_bandwidth, roofline_rows
 from .scoring import acceptance_on_identical_texts, score_outputs, strip_eos

@@ -23,7 +23,7 @@ def default_same_vocab_draft(target: str) -> str | None:
     if small not in BUILTIN_MODELS or not small.endswith("-target"):
         return None
     family = small.removesuffix("-target")
-    if grown and family not in GROWN_DRAFT_SHAPE:   # mistral: no real shape of its family in model/shapes.py
+    if grown and family not in GROWN_DRAFT_SHAPE:   # mistral: no real shape of its family in checkpoints/shapes.py
         return None
     return f"{family}-draft" + (f"@{GROWN_DRAFT_SHAPE[family]}" if grown else "")
 

@@ -52,7 +52,7 @@ ENVIRONMENT = """## Environment variables
 | variable | read by | default | what it does |
 |---|---|---|---|
 | `ANYDRAFT_MODELS_DIR` | `model/loader.py` | the `models/` folder of the checkout the package runs from | where builtin names (`qwen3-target`, ...) resolve; set it after a non-editable install, where the wheel has no checkpoints |
-| `ANYDRAFT_CACHE_DIR` | `vocab/cache.py`, `model/grown_checkpoint.py` | `~/.cache/anydraft` | vocabulary bridges go to `$ANYDRAFT_CACHE_DIR` itself (default `~/.cache/anydraft/bridges`), grown checkpoints to `$ANYDRAFT_CACHE_DIR/grown` (default `~/.cache/anydraft/grown`) |
+| `ANYDRAFT_CACHE_DIR` | `vocab/cache.py`, `checkpoints/grown_checkpoint.py` | `~/.cache/anydraft` | vocabulary bridges go to `$ANYDRAFT_CACHE_DIR` itself (default `~/.cache/anydraft/bridges`), grown checkpoints to `$ANYDRAFT_CACHE_DIR/grown` (default `~/.cache/anydraft/grown`) |
 | `ANYDRAFT_NATIVE_DIR` | `model/native_extension.py` | `~/.cache/anydraft/native` | where the native kernels are compiled, one folder per source/torch/CPU key |
 | `ANYDRAFT_NATIVE` | `model/native_extension.py` | `1` | `0` turns the native kernels off: the PyTorch path runs (`LLM.kernels` says why) |
 | `ANYDRAFT_NATIVE_AMX` | `model/csrc/linear.h` | unset | unset: AMX tiles for layers of width >= 128 where the CPU has AMX; `0`: AVX-512 everywhere; `1`: AMX at every multiple of 32 |

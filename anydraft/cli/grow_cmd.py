@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..model.shapes import SHAPES
+from ..checkpoints.shapes import SHAPES
 
 
 def add_parser(sub) -> None:
@@ -24,9 +24,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..model.grown_checkpoint import grow_checkpoint
+    from ..checkpoints.grown_checkpoint import grow_checkpoint
     from ..model.loader import resolve_model_path
-    from ..model.shapes import get_shape
+    from ..checkpoints.shapes import get_shape
 
     shape = get_shape(args.shape)   # an unknown name fails before the checkpoint is read
     summary = grow_checkpoint(resolve_model_path(args.small), shape.name, args.out, progress=not args.no_progress)

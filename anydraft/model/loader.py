@@ -9,9 +9,9 @@ import torch
 from safetensors import safe_open
 
 from .config import ModelConfig, UnsupportedModelError
-from .grown_checkpoint import resolve_grown, split_grown_name
+from ..checkpoints.grown_checkpoint import resolve_grown, split_grown_name
 from .llama import CausalLM, rope_inv_freq
-from .shapes import SHAPES
+from ..checkpoints.shapes import SHAPES
 
 BUILTIN_MODELS = ("qwen3-target", "qwen3-draft", "smollm2-target", "smollm2-draft",
                   # SentencePiece (Mistral v0.1 tokenizer): cross-family pairs with the byte-level BPE ones
@@ -34,7 +34,7 @@ def builtin_models_dir() -> Path:
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
     """A checkpoint directory, one of the builtin names, or `SMALL@SHAPE`: SMALL (a builtin name or a
-    directory) grown into a real architecture's shape (model/shapes.py), written to a cache on first use."""
+    directory) grown into a real architecture's shape (checkpoints/shapes.py), written to a cache on first use."""
     path = Path(name_or_path)
     if path.is_dir():
         return path

@@ -224,7 +224,7 @@ class NativeDecoder:
             setattr(owner, name, TileLinear(packed, linear.bias, linear.out_features))
         return packed
 
-    can_capture = True   # returns the residual stream at chosen layers too (ModelRunner.hand_hidden_states_to)
+    can_capture = True   # returns the residual stream at chosen layers too (ModelRunner.capture_hidden_states)
 
     def __call__(self, input_ids: torch.Tensor, cache, slots: list[int], positions: list[int],
                  capture_layers: list[int] | None = None):

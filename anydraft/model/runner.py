@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..tensors import greedy_argmax, host_to_device
+from .captured_states import CapturedStates
 from .kv_cache import KVCache
 from .llama import CausalLM
 from .loader import load_model
@@ -61,9 +62,10 @@ class ModelRunner:
         head_rows = model.lm_head.out_features
         self.num_token_rows = head_rows if num_token_rows is None else min(num_token_rows, head_rows)
         self.head_to_model_rows: torch.Tensor | None = None  # set by prune_head: [N] original row per head row
-        # Set by hand_hidden_states_to: a hidden-state draft's layers and where their states go after each forward.
+        # Set by capture_hidden_states: a hidden-state draft's layers; each forward's states wait in `captured` until
+        # take_hidden_states hands them over.
         self.capture_layers: list[int] | None = None
-        self.hidden_state_sink = None
+        self.captured: list[CapturedStates] = []
 
     def _new_cache(self, max_batch: int, max_len: int, num_blocks: int | None) -> KVCache:
         return KVCache(self.cfg.num_hidden_layers, max_batch, max_len, self.cfg.num_key_value_heads,
@@ -149,18 +151,17 @@ class ModelRunner:
                 "head": "native" if self.native_head is not None else f"pytorch: {self.native_head_unavailable}",
                 "matmul": matmul}
 
-    def hand_hidden_states_to(self, layer_ids: list[int], sink) -> None:
-        """From now on every forward also hands `sink(rows, states [B, S, len(layer_ids) * hidden], num_new, starts)` the
-        residual stream at the input of these layers (CausalLM.forward's capture_layers): a hidden-state draft
-        reads them at the positions the target verified, with no second target forward and no host sync.
-        starts[b]: the cache position of row b's first new token (0: the row starts a new sequence)."""
+    def capture_hidden_states(self, layer_ids: list[int]) -> None:
+        """From now on every forward also keeps the residual stream at the input of these layers (CausalLM.forward's
+        capture_layers) as a CapturedStates, until take_hidden_states: a hidden-state draft reads them at the
+        positions the target verified, with no second target forward and no host sync."""
         if self.model.native is not None and not getattr(self.model.native, "can_capture", False):
             # The native body returns only the last hidden state: run the PyTorch body for this target.
             self.model.native = None
             self.native_unavailable = f"a hidden-state draft reads layers {layer_ids}, which the native body does not return"
             if self.packed:
                 pack_linears(self.model.model)
-        self.capture_layers, self.hidden_state_sink = list(layer_ids), sink
+        self.capture_layers = list(layer_ids)
 
     @torch.inference_mode()
     def forward(self, rows: list[int], input_ids: torch.Tensor, num_new: list[int] | None = None) -> torch.Tensor:
@@ -180,8 +181,14 @@ class ModelRunner:
                                           capture_layers=self.capture_layers)
         self.cache.advance(rows, num_new if num_new is not None else seq_len)
         if captured is not None:
-            self.hidden_state_sink(rows, captured, num_new if num_new is not None else seq_len, starts)
+            counts = num_new if num_new is not None else seq_len
+            self.captured.append(CapturedStates(list(rows), captured, counts, starts))
         return hidden
+
+    def take_hidden_states(self) -> list[CapturedStates]:
+        """The states the forwards captured since the last call, oldest first ([] when not capturing)."""
+        captured, self.captured = self.captured, []
+        return captured
 
     def _native_forward(self, rows: list[int], input_ids: torch.Tensor, num_new: list[int] | None):
         """One native call, positions as host ints (no window tensors). A right-padded batch runs as one ragged

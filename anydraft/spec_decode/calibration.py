@@ -27,14 +27,12 @@ def calibrate_target_cost(speculation: AdaptiveSpeculation, target: ModelRunner,
     rows_all = list(range(target.cache.max_batch))
     # Timed over a context of typical length (attention reads it): forwards over empty caches priced the sizes
     # that steps rarely re-measure too cheap, and adaptive then drafted where it loses.
-    # Scratch forwards: a hidden-state draft must not receive their states (the target still captures them).
-    sink = target.hidden_state_sink
-    if sink is not None:
-        target.hidden_state_sink = lambda *states: None
+    # Scratch forwards: the states the target captures for a hidden-state draft are dropped after each, never read.
     context = min(CALIBRATION_CONTEXT_TOKENS, max_model_len // 2)
     text_ids = tokenizer.encode(CALIBRATION_TEXT)
     text_ids = (text_ids * (1 + (context + k + 1) // max(len(text_ids), 1)))[:context + k + 1]
     target.prefill_rows(rows_all, [text_ids[:context]] * len(rows_all), chunk=context)
+    target.take_hidden_states()
     for rows in ([0], rows_all):
         for num_new in range(1, k + 2):
             ids = torch.tensor([text_ids[context:context + num_new]] * len(rows))
@@ -44,6 +42,6 @@ def calibrate_target_cost(speculation: AdaptiveSpeculation, target: ModelRunner,
                 if repeat:
                     speculation.target_cost.observe(len(rows) * num_new, time.perf_counter() - start)
                 target.cache.rewind(rows, [num_new] * len(rows))
+                target.take_hidden_states()
     for row in rows_all:
         target.cache.reset(row)
-    target.hidden_state_sink = sink

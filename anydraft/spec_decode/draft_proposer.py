@@ -5,6 +5,7 @@ import time
 
 import torch
 
+from ..model.captured_states import CapturedStates
 from ..model.runner import ModelRunner
 from ..tensors import host_to_device
 from .draft_vocab import DraftVocab
@@ -112,7 +113,8 @@ class DraftModelProposer:
             return self.unread_prompt_tokens
         return sum(unread[r] for r in rows if r in unread)
 
-    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None,
+                target_states: list[CapturedStates] | None = None) -> Proposal:
         k = self.num_speculative_tokens if num_tokens is None else num_tokens
         runner, self.num_proposed = self.runner, k
         self.drafted_rows = frozenset(rows if k else ())

@@ -1,16 +1,17 @@
 """DSparkProposer: a DSpark draft writes a whole block per step from the target's hidden states.
 
-Each step appends the fused target states the target verified since the last step to the draft's context
-cache (keys and values only), then runs one forward over the block [anchor = the newest target token, mask
-tokens]. Two layouts, as the checkpoint's config says (sample_from_anchor): anchor-first, where slot i
-predicts the token after slot i's position (block_size drafts), and 1+N, where the anchor is the bonus token
-and slot i >= 1 predicts its own position's token (block_size - 1 drafts). The Markov bias makes each
+Each proposal appends the fused target states the target verified since the last one (they come with the
+proposal) to the draft's context cache (keys and values only), then runs one forward over the block [anchor = the
+newest target token, mask tokens]. Two layouts, as the checkpoint's config says (sample_from_anchor):
+anchor-first, where slot i predicts the token after slot i's position (block_size drafts), and 1+N, where the
+anchor is the bonus token and slot i >= 1 predicts its own position's token (block_size - 1 drafts). The Markov bias makes each
 slot's logits depend on the token chosen at the slot before, so choosing is sequential (cheap: rank-r).
 """
 from __future__ import annotations
 
 import torch
 
+from ..model.captured_states import CapturedStates
 from ..model.dspark import DSparkDraft, block_window
 from ..model.kv_cache import KVCache
 from ..model.speculators_config import SpeculatorsConfig
@@ -38,10 +39,6 @@ class DSparkProposer:
                              lc.head_dim, self.dtype, self.device)
         self.states = TargetStateLog()
 
-    @torch.inference_mode()
-    def receive_target_states(self, rows: list[int], states: torch.Tensor, num_new, starts: list[int]) -> None:
-        self.states.receive(rows, self.module.fuse_target_states(states), num_new, starts)
-
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
         self.states.start(row, prompt_target_ids)
         self.cache.reset(row)
@@ -50,14 +47,12 @@ class DSparkProposer:
         self.states.remove(row)
         self.cache.reset(row)
 
-    @torch.inference_mode()
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
-        """The verified target states go into the context cache at once (every step, whatever k the next step
-        drafts): a proposal is then the block forward alone."""
+        """The verified ids; their target states go into the context cache at the next proposal."""
         for row, target_ids in zip(rows, new_target_ids):
             self.states.extend(row, target_ids)
-        if not rows:
-            return
+
+    def _write_context(self, rows: list[int]) -> None:
         pending = [self.states.take(row)[1] for row in rows]
         counts = [len(states) for states in pending]
         width = max(counts)
@@ -66,20 +61,27 @@ class DSparkProposer:
         self.cache.advance(rows, counts)
 
     def unread_tokens(self, rows: list[int]) -> int:
-        """The verified entries are read at observe (host work of the step), never by a proposal."""
-        return 0
+        """The prompts of rows the draft has read nothing of (a proposal reads them first). Not the entries of plain
+        steps, as DraftModelProposer.unread_tokens says why."""
+        return sum(self.states.unread(row) for row in rows if not self.states.rows[row].consumed)
 
     def draft_forwards(self, num_tokens: int) -> int:
-        """One block forward drafts them all (the Markov bias between slots is rank-r, not a forward)."""
+        """One block forward drafts them all (the Markov bias between slots is rank-r, not a forward; the context
+        written first is keys and values of the verified entries)."""
         return 1 if num_tokens else 0
 
     later_draft_seconds = 0.0   # one forward a proposal (Proposer)
 
     @torch.inference_mode()
-    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None,
+                target_states: list[CapturedStates] | None = None) -> Proposal:
+        """target_states: what the target's forwards captured since the last proposal (all of them, every row's)."""
+        self.states.receive(target_states or [], self.module.fuse_target_states)
         k = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.drafts_per_block)
-        if k == 0:   # a plain target step
+        if k == 0:   # a plain target step: the unread entries wait for the next proposal that drafts
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
+        for group in self.states.reading_groups(rows):
+            self._write_context(group)
         anchors = [self.states.last_target_id(row) for row in rows]
         block_ids = host_to_device([[a] + [self.mask_token_id] * (self.block_size - 1) for a in anchors],
                                    self.device, torch.long)                                  # [B, block]

@@ -1,8 +1,9 @@
 """Eagle3Proposer: an EAGLE-3 draft reading the target's hidden states, k tokens per row per step.
 
-After each verification the draft reads the entries the target verified (token x_j with the fused target
-states of x_{j-1}, see model/eagle3.py); a proposal then drafts k tokens chaining its own output. The drafted
-entries are rewound at the next observe: once verified, those positions are fed again with the target's states.
+A proposal first reads the entries the target verified since the last one (token x_j with the fused target
+states of x_{j-1}, see model/eagle3.py; the states come with the proposal), then drafts k tokens chaining its own
+output. The drafted entries are rewound at the next observe: once verified, those positions are fed again with the
+target's states.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import torch
 
+from ..model.captured_states import CapturedStates
 from ..model.eagle3 import Eagle3Draft
 from ..model.kv_cache import KVCache
 from ..tensors import host_to_device
@@ -33,13 +35,6 @@ class Eagle3Proposer:
         self.states = TargetStateLog()
         self.carried: dict[int, torch.Tensor] = {}   # row -> the draft's output at its last verified entry
 
-    # -- the target's side ---------------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def receive_target_states(self, rows: list[int], states: torch.Tensor, num_new, starts: list[int]) -> None:
-        """[B, S, num_aux * target_hidden] from a target forward; fused at once (kept [S, hidden] per row)."""
-        self.states.receive(rows, self.module.fuse_target_states(states), num_new, starts)
-
-    # -- the Proposer protocol -------------------------------------------------------------------------------------
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
         self.states.start(row, prompt_target_ids)
         self.cache.reset(row)
@@ -51,13 +46,10 @@ class Eagle3Proposer:
 
     @torch.inference_mode()
     def observe(self, rows: list[int], num_accepted: list[int], new_target_ids: list[list[int]]) -> None:
-        """Rewind the drafted entries, then feed the verified ones at once (every step, whatever k the next
-        step drafts): a proposal then costs k draft forwards, as the adaptive k's cost model assumes."""
+        """Rewind the drafted entries; the verified ones are read with their states, at the next proposal."""
         for row, target_ids in zip(rows, new_target_ids):
             self.states.extend(row, target_ids)
             self.cache.truncate(row, self.states.rows[row].consumed)   # drop the drafted entries
-        if rows:
-            self._feed_verified(rows)
 
     def _feed_verified(self, rows: list[int]) -> None:
         pending = [self.states.take(row) for row in rows]
@@ -71,19 +63,25 @@ class Eagle3Proposer:
             self.carried[row] = out[b, count - 1]                  # what the first draft step reads [hidden]
 
     def unread_tokens(self, rows: list[int]) -> int:
-        """The verified entries are read at observe (host work of the step), never by a proposal."""
-        return 0
+        """The prompts of rows the draft has read nothing of (a proposal reads them first). Not the entries of plain
+        steps, as DraftModelProposer.unread_tokens says why."""
+        return sum(self.states.unread(row) for row in rows if not self.states.rows[row].consumed)
 
     def draft_forwards(self, num_tokens: int) -> int:
-        """A head per draft and a layer forward between drafts (the verified entries are read at observe, outside
-        the proposal): about one layer-and-head per drafted token."""
+        """A layer forward over the verified entries, a head per draft and a layer forward between drafts: about
+        one layer-and-head per drafted token."""
         return num_tokens
 
     @torch.inference_mode()
-    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None,
+                target_states: list[CapturedStates] | None = None) -> Proposal:
+        """target_states: what the target's forwards captured since the last proposal (all of them, every row's)."""
+        self.states.receive(target_states or [], self.module.fuse_target_states)
         k = self.num_speculative_tokens if num_tokens is None else num_tokens
-        if k == 0:   # a plain target step: the unread target states wait for the next proposal
+        if k == 0:   # a plain target step: the unread entries wait for the next proposal that drafts
             return empty_proposal(len(rows), self.vocab.target_vocab_rows, sampling is not None, self.device)
+        for group in self.states.reading_groups(rows):
+            self._feed_verified(group)
         carried = torch.stack([self.carried[row] for row in rows])[:, None]              # [B, 1, hidden]
         draft_target_ids, draft_probs = [], []
         for i in range(k):

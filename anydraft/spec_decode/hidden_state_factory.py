@@ -16,7 +16,8 @@ from .reduced_vocab import ReducedVocab
 
 def build_hidden_state_proposer(spec: SpeculativeConfig, path: Path, target: ModelRunner, target_tokenizer: Tokenizer,
                                 max_batch: int, max_model_len: int):
-    """Returns (proposer, info); the target runner hands the proposer its hidden states from then on."""
+    """Returns (proposer, info); the target runner captures the hidden states the proposer reads from then on (the
+    engine hands them over with each proposal)."""
     dtype = parse_dtype(spec.dtype) if spec.dtype else target.dtype
     device = resolve_device(spec.device) if spec.device else target.device
     if device.type != target.device.type:
@@ -43,7 +44,7 @@ def build_hidden_state_proposer(spec: SpeculativeConfig, path: Path, target: Mod
     else:
         from .dspark_proposer import DSparkProposer
         proposer = DSparkProposer(draft.module, vocab, k, max_batch, max_len, cfg)
-    target.hand_hidden_states_to(cfg.aux_layer_ids, proposer.receive_target_states)
+    target.capture_hidden_states(cfg.aux_layer_ids)
     info = {"vocab_mode": cfg.kind, "draft_path": str(path), "draft_vocab_size": cfg.draft_vocab_size,
             "draft_vocab": "d2t" if reduced else "full (no table)", "aux_layer_ids": cfg.aux_layer_ids,
             "shared_with_target": draft.shared_with_target, "draft_head_rows": cfg.draft_vocab_size}

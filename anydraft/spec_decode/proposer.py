@@ -6,6 +6,8 @@ from typing import Protocol
 
 import torch
 
+from ..model.captured_states import CapturedStates
+
 
 @dataclass
 class SamplingBatch:
@@ -76,9 +78,12 @@ class Proposer(Protocol):
     def add_request(self, row: int, prompt_text: str, prompt_target_ids: list[int]) -> None:
         """A request took cache row `row`; its prompt is known both as text and as target ids."""
 
-    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None,
+                target_states: list[CapturedStates] | None = None) -> Proposal:
         """num_tokens proposals (default num_speculative_tokens; 0 = none, a plain target step) for each of
-        `rows` (no host sync inside)."""
+        `rows` (no host sync inside). target_states: the target hidden states its forwards captured since the last
+        proposal (ModelRunner.take_hidden_states), which a hidden-state draft reads; a draft that reads text
+        ignores them."""
 
     def draft_forwards(self, num_tokens: int) -> int:
         """Draft forwards a proposal of num_tokens costs (adaptive k's cost model scales the measured cost of
@@ -116,7 +121,7 @@ class NoDraftProposer:
     def unread_tokens(self, rows):
         return 0
 
-    def propose(self, rows, sampling, num_tokens=None):
+    def propose(self, rows, sampling, num_tokens=None, target_states=None):
         return empty_proposal(len(rows), self.target_vocab_rows, sampling is not None, self.device)
 
     def observe(self, rows, num_accepted, new_target_ids):

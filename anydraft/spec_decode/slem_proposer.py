@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model.captured_states import CapturedStates
 from ..model.runner import ModelRunner
 from ..tensors import host_to_device
 from ..tokenizer import Tokenizer
@@ -75,7 +76,8 @@ class SlemProposer:
     def later_draft_seconds(self) -> float:
         return self.writer.later_draft_seconds
 
-    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None) -> Proposal:
+    def propose(self, rows: list[int], sampling: SamplingBatch | None, num_tokens: int | None = None,
+                target_states: list[CapturedStates] | None = None) -> Proposal:
         if sampling is not None:
             raise ValueError(SAMPLING_REFUSAL)
         k = self.num_speculative_tokens if num_tokens is None else num_tokens

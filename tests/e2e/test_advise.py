@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from anydraft.bench.costs import ideal_speedup
+from anydraft.spec_decode.cost_model import ideal_speedup
 from anydraft.cli import main
 
 KS = [1, 2, 3, 4, 5]
@@ -47,7 +47,8 @@ def test_every_draft_is_measured_and_ranked_by_predicted_speedup(report):
             assert d["predicted_speedup"][str(k)] == pytest.approx(expected, rel=1e-3)
         assert d["best_predicted_speedup"] == max(d["predicted_speedup"].values())
         assert d["predicted_speedup"][str(d["best_k"])] == d["best_predicted_speedup"]
-        assert d["draft_to_target_cost_ratio"] == pytest.approx(d["draft_seconds"] / costs["target_seconds"], rel=1e-3)
+        # the report rounds the ratio to 4 decimals: a ratio of 0.0348 is off by up to 1.4e-3 relative
+        assert d["draft_to_target_cost_ratio"] == pytest.approx(d["draft_seconds"] / costs["target_seconds"], abs=5e-5)
         assert len(d["acceptance_by_position"]) == max(KS)
         head = ""
         if d["measured_mode"] == "slem":   # measured with the head auto gives SLEM: 99% of mistral's tokens -> 8192

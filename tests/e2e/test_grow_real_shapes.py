@@ -15,9 +15,9 @@ import torch
 import transformers
 
 from anydraft.model.config import ModelConfig
-from anydraft.model.grow import grown_config, grown_tensors, plan_growth
+from anydraft.checkpoints.grow import grown_config, grown_tensors, plan_growth
 from anydraft.model.loader import read_state_dict
-from anydraft.model.shapes import SHAPES, get_shape
+from anydraft.checkpoints.shapes import SHAPES, get_shape
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 PROMPT = "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips"

@@ -7,7 +7,7 @@ import torch
 
 from anydraft.model.config import ModelConfig
 from anydraft.model.eagle3 import Eagle3Draft
-from anydraft.model.speculators_writer import write_speculators_checkpoint
+from anydraft.checkpoints.speculators_writer import write_speculators_checkpoint
 from anydraft.vocab.d2t import build_d2t_from_ids
 
 from tiny_models import gsm8k_questions, read_checkpoint, tokenizer_of

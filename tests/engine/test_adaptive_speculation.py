@@ -159,10 +159,10 @@ def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch
     monkeypatch.setattr(engine, "_drafting_rows", recorded_drafting_rows)
     propose = proposer.propose
 
-    def checked_propose(rows, sampling, num_tokens=None):
+    def checked_propose(rows, sampling, num_tokens=None, target_states=None):
         # propose reads the drafting rows' text first (the others wait) and writes proposals only to the cache:
         # after it, each drafting row's sequence is what the draft had to propose from.
-        proposal = propose(rows, sampling, num_tokens)
+        proposal = propose(rows, sampling, num_tokens, target_states)
         for i, row in enumerate(rows if num_tokens else []):
             expected = proposals_from_scratch(proposer, row)[:num_tokens]
             assert proposal.draft_target_ids[i].tolist() == expected, f"row {row}"

@@ -48,11 +48,11 @@ def test_draft_proposes_from_its_synced_sequence(ckpts, llms, prompts, monkeypat
     resync = proposer.vocab.sync.resync if isinstance(proposer.vocab.sync, ResyncContextSync) else None
     target_table = llm.tokenizer.token_table
 
-    def propose(rows, sampling, num_tokens=None):
+    def propose(rows, sampling, num_tokens=None, target_states=None):
         assert num_tokens in (None, k)   # a fixed k: the engine drafts k every step
         # propose reads the rows' waiting text first (a joining row's first token) and writes its proposals to the
         # cache only: after it, each row's sequence is whole and is what the draft had to propose from.
-        proposal = real_propose(rows, sampling, num_tokens)
+        proposal = real_propose(rows, sampling, num_tokens, target_states)
         for i, row in enumerate(rows):
             expected = proposals_from_scratch(proposer, row)
             assert proposal.draft_target_ids[i].tolist() == expected, f"row {row}, step {checked['steps']}"

@@ -16,13 +16,13 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-import anydraft.model.grow as grow
-import anydraft.model.grown_checkpoint as grown_checkpoint
+import anydraft.checkpoints.grow as grow
+import anydraft.checkpoints.grown_checkpoint as grown_checkpoint
 from anydraft.model.config import ModelConfig
-from anydraft.model.grown_checkpoint import grow_checkpoint
+from anydraft.checkpoints.grown_checkpoint import grow_checkpoint
 from anydraft.model.llama import CausalLM
 from anydraft.model.loader import load_model
-from anydraft.model.shapes import SHAPES, Shape
+from anydraft.checkpoints.shapes import SHAPES, Shape
 
 from tiny_models import write_checkpoint
 

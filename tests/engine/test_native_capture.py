@@ -23,19 +23,21 @@ def test_native_capture_equals_pytorch_capture(tmp_path, monkeypatch):
                            heads=4, kv_heads=2, seed=9, head_scale=4.0)
     layers = [0, 1, 3]
     received = {}
-    runners = {}
     for native in (True, False):
         monkeypatch.setenv("ANYDRAFT_NATIVE", "1" if native else "0")
         runner = ModelRunner.load(path, torch.bfloat16, CPU, max_batch=2, max_len=64)
-        runner.hand_hidden_states_to(layers, lambda rows, states, num_new, starts, key=native: received.setdefault(key, []).append(
-            (rows, states.clone(), num_new)))
+        runner.capture_hidden_states(layers)
         assert (runner.native_unavailable is None) == native   # capturing keeps the native body
-        runners[native] = runner
         ids = torch.tensor([[785, 4226, 374, 220], [16, 17, 18, 0]])
         runner.forward([0, 1], ids, num_new=[4, 3])
         runner.forward([0, 1], torch.tensor([[11], [12]]))
-    for (rows_n, states_n, new_n), (rows_p, states_p, new_p) in zip(received[True], received[False]):
-        assert rows_n == rows_p and new_n == new_p
+        received[native] = runner.take_hidden_states()
+        assert runner.take_hidden_states() == []   # handed over once
+    assert [c.starts for c in received[True]] == [[0, 0], [4, 3]]
+    for native_states, pytorch_states in zip(received[True], received[False], strict=True):
+        rows_n, states_n, new_n = native_states.rows, native_states.states, native_states.num_new
+        assert rows_n == pytorch_states.rows and new_n == pytorch_states.num_new
+        states_p = pytorch_states.states
         assert states_n.shape == (2, states_n.shape[1], 3 * 64)
         # layer 0 is the embedding itself: identical; later layers agree to bf16 rounding of the two bodies
         assert torch.equal(states_n[0, :4, :64], states_p[0, :4, :64])

@@ -260,11 +260,11 @@ def test_a_draft_that_ignores_the_coupling_breaks_nothing_but_acceptance(target,
               speculative_config={"model": str(tli_draft), "num_speculative_tokens": 3, "adaptive": False})
     propose, generator = llm.proposer.propose, torch.Generator().manual_seed(3)
 
-    def propose_with_other_noise(rows, sampling, k=None):
+    def propose_with_other_noise(rows, sampling, k=None, target_states=None):
         if sampling is not None and sampling.keys is not None:
             sampling = replace(sampling, keys=torch.randint(-2 ** 63, 2 ** 63 - 1, sampling.keys.shape,
                                                             generator=generator))
-        return propose(rows, sampling, k)
+        return propose(rows, sampling, k, target_states)
     monkeypatch.setattr(llm.proposer, "propose", propose_with_other_noise)
     tokens, accepted = _sample_three(llm, seed0=20_000)
     print(f"\n[independent draft noise] accepted per step {accepted:.2f}")

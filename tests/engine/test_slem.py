@@ -106,9 +106,9 @@ def test_rows_proposing_different_counts_match_target_alone(slem_models, llms, p
             draft_ids.append(draft_id)
         return out
 
-    def propose(rows, sampling, num_tokens=None):
+    def propose(rows, sampling, num_tokens=None, target_states=None):
         expected = {row: from_scratch(row) for row in rows}
-        proposal = real_propose(rows, sampling, num_tokens)
+        proposal = real_propose(rows, sampling, num_tokens, target_states)
         for row in rows:
             assert proposer.written[row] == expected[row], f"row {row}: the draft's cache is out of step"
         steps.append(list(proposal.num_draft_tokens))
@@ -183,8 +183,8 @@ def test_frequency_ranked_head_matches_target_alone(slem_models, llms, prompts, 
     for name, llm in (("whole", whole), ("cut", cut)):
         real_propose = llm.proposer.writer.propose
 
-        def propose(rows, sampling, num_tokens=None, real_propose=real_propose, name=name):
-            proposal = real_propose(rows, sampling, num_tokens)
+        def propose(rows, sampling, num_tokens=None, target_states=None, real_propose=real_propose, name=name):
+            proposal = real_propose(rows, sampling, num_tokens, target_states)
             written[name].extend(proposal.draft_target_ids.flatten().tolist())   # draft ids (SLEM's writer)
             return proposal
 

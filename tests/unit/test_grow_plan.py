@@ -11,8 +11,8 @@ import torch
 
 from anydraft.cli import main
 from anydraft.model.config import ModelConfig
-from anydraft.model.grow import GrowError, _bf16_squares, grown_config, plan_growth
-from anydraft.model.shapes import SHAPES, get_shape
+from anydraft.checkpoints.grow import GrowError, _bf16_squares, grown_config, plan_growth
+from anydraft.checkpoints.shapes import SHAPES, get_shape
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 # Sizes as the model cards state them (Qwen3: non-embedding parameters; SmolLM2: all, tied head counted once).

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .config import ModelConfig
+from ..model.config import ModelConfig
 
 SPECULATORS_VERSION = "0.9.0"   # the format version written (speculators' own field)
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .config import ModelConfig
+from ..model.config import ModelConfig
 from .grow import GrowError, grown_config, grown_names, grown_tensors, plan_growth
 from .shapes import get_shape
 
@@ -35,7 +35,7 @@ def grow_checkpoint(small_dir: str | Path, shape_name: str, out_dir: str | Path,
     Written into a temporary sibling directory and renamed into place, so `out_dir` is either whole or
     absent. Tensors are stored in the small checkpoint's dtype where that is exact, else in float32 (norm
     weights scaled by non-power-of-two factors). Returns the summary that is also saved as grown.json."""
-    from .loader import read_state_dict   # loader imports this module for builtin grown names
+    from ..model.loader import read_state_dict   # the loader imports this module for builtin grown names
 
     small_dir, out_dir = Path(small_dir), Path(out_dir)
     shape = get_shape(shape_name)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import ModelConfig
+from ..model.config import ModelConfig
 from .shapes import Shape
 
 # Constant residual dims are bfloat16 values (exact in every checkpoint dtype); their squares sum to the
