@@ -16,7 +16,7 @@ class SamplingBatch:
     top_k: torch.Tensor | None  # [B] long, 0 = off; None = no row truncates (skips the vocabulary sort)
     top_p: torch.Tensor | None  # [B]; None = no row truncates
     randoms: list               # [B] RowRandom, one seeded stream per request; None for a greedy row
-    # [B, k+1] int64: the step's noise keys per row and position when its draws are coupled (Engine._couple): the
+    # [B, k+1] int64: the step's noise keys per row and position when its draws are coupled (TargetStep.couple): the
     # target draws its token at position i with key i (ModelRunner.sample_ids), a coupling proposer its i-th draft
     # with the same key, and verification accepts a draft iff it equals the target's draw. None: rejection sampling.
     keys: torch.Tensor | None = None

@@ -4,7 +4,7 @@ the logits; those tokens follow the exact softmax of the target's bf16 logits (c
 temperature is rejected); seeded requests reproduce whatever their batch. A top-k cut on every row draws from the
 head's k largest logits, top-p alone from its largest logits where a bound on the rest's mass decides the cut, else
 from all of them (truncated_draws: the cut softmax, a control rejects the uncut one).
-With a TLI draft on native kernels too, draws are coupled (Engine._couple): the draft draws with the target's noise
+With a TLI draft on native kernels too, draws are coupled (TargetStep.couple): the draft draws with the target's noise
 per target id, a draft is accepted iff it equals the target's draw; the verified tokens still follow the exact law."""
 from __future__ import annotations
 
@@ -126,8 +126,8 @@ def test_top_p_alone_draws_from_the_nucleus_natively(llm, target, monkeypatch):
     where they and a bound on the rest's mass decide the cut, else from every logit (truncated_draws), without
     probabilities either way; the first token fits the nucleus's distribution (chi-square), and the same test
     rejects the uncut softmax (a control)."""
-    import anydraft.engine as engine_module
-    monkeypatch.setattr(engine_module, "logits_to_probs", lambda *a, **k: pytest.fail("the PyTorch path ran"))
+    import anydraft.spec_decode.target_step as target_step_module
+    monkeypatch.setattr(target_step_module, "logits_to_probs", lambda *a, **k: pytest.fail("the PyTorch path ran"))
     top_p = 0.9
     first = [o.outputs[0].token_ids[0] for o in llm.generate(
         [PROMPT] * NUM_SAMPLES, [SamplingParams(temperature=TEMPERATURE, top_p=top_p, max_tokens=2, seed=80_000 + i)
@@ -351,9 +351,9 @@ def test_seeded_requests_sample_the_target_alone_s_tokens_with_any_k(llm, target
     assert _seeded_ids(adaptive, seed0=40_000, **cut) == alone
     assert fixed.stats.num_accepted > 0 and adaptive.stats.num_accepted > 0   # drafts decided tokens
     # Control: a step's keys from its first position 0 (noise that depends on how tokens fall into steps).
-    import anydraft.engine as engine_module
-    draw_keys = engine_module.draw_keys
-    monkeypatch.setattr(engine_module, "draw_keys", lambda randoms, positions, num, device:
+    import anydraft.spec_decode.target_step as target_step_module
+    draw_keys = target_step_module.draw_keys
+    monkeypatch.setattr(target_step_module, "draw_keys", lambda randoms, positions, num, device:
                         draw_keys(randoms, [0] * len(positions), num, device))
     differ = sum(a != b for a, b in zip(_seeded_ids(llm, seed0=40_000, **cut),
                                         _seeded_ids(fixed, seed0=40_000, **cut)))

@@ -1,0 +1,147 @@
+"""The target's side of a step: the one place that decides greedy vs sampled rows, runs the target over the drafts
+and verifies them, returning one VerifyOutput whatever the mix.
+
+A batch with no sampled row is greedy (`sampling_batch` returns None): the target gives argmax ids and verification
+compares them. A sampled batch either draws the target's own tokens with the step's noise keys (coupled, where the
+target samples natively: the drafts are accepted iff equal) or goes through probabilities and rejection sampling.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..config import SamplingParams
+from ..model.runner import ModelRunner, token_places
+from ..tensors import host_to_device
+from .proposer import Proposal, Proposer, SamplingBatch
+from .sampling import draw_keys, draw_noise, draw_uniforms, logits_to_probs, sample_from_probs
+from .truncated_draws import draw_truncated
+from .verify import VerifyOutput, verify_greedy, verify_sampling
+
+
+class TargetStep:
+    """Target forwards and verification for the engine's steps (no state of its own beyond the models)."""
+
+    def __init__(self, target: ModelRunner, proposer: Proposer):
+        self.target, self.proposer = target, proposer
+
+    def first_target_ids(self, requests: list, last_hidden: torch.Tensor) -> list[int]:
+        """Each request's first token from the target's hidden state at its last prompt token [A, 1, hidden].
+        Host ints: a step that admits requests syncs here too, since the draft must see that token first."""
+        sampling = self.sampling_batch(requests)
+        if sampling is None:
+            return self.target.greedy_ids(last_hidden)[:, 0].tolist()
+        if self.samples_natively(sampling):
+            keys = self.noise_keys(sampling, requests, 1)                                    # [A, 1]
+            return self.target_draws(last_hidden, sampling, sampling.temperature, keys)[:, 0].tolist()
+        target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
+                                       sampling.top_p, sampling.any_greedy)                 # [A, 1, V_target]
+        uniforms = draw_uniforms(sampling.randoms, 1, target_probs.device)                 # [A, 1]
+        return sample_from_probs(target_probs, uniforms).flatten().tolist()
+
+    def forward(self, rows: list[int], last_target_ids: list[int], proposal: Proposal,
+                sampling: SamplingBatch | None, row_drafts: list[int]) -> torch.Tensor:
+        """The target over [last verified token, the row's drafts]: its greedy ids [B, k+1] when every row is greedy
+        (the runner need not compute all logits for an argmax); with nothing drafted, its drawn ids [B, 1] where the
+        runner samples natively (nor does a draw need them); else its logits [B, k+1, V_target]. A row that drafts
+        fewer than k (a probe's other rows, an opted-out or capped request) reads only its own drafts: a one-row
+        probe at batch 64 verified 64 x (k+1) tokens for the k of one row. Positions past a row's drafts hold
+        nothing that verification reads (ids 0, or the logits of a zero state)."""
+        last = host_to_device([[t] for t in last_target_ids], self.target.device, torch.long)
+        target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
+        width = target_input.shape[1]
+        num_new = None if row_drafts.count(width - 1) == len(row_drafts) else [n + 1 for n in row_drafts]
+        hidden = self.target.forward(rows, target_input, num_new)                                  # [B, k+1, hidden]
+        if sampling is not None and sampling.keys is None:
+            return self.target.logits(hidden)
+        read = None
+        if num_new is not None:   # only the positions read go through the head, each as its own row
+            read = host_to_device(token_places(num_new, width), hidden.device, torch.long)      # [N]
+            hidden = hidden.reshape(-1, 1, hidden.shape[-1])[read]                                 # [N, 1, hidden]
+        if sampling is None:
+            ids = self.target.greedy_ids(hidden)
+        else:   # coupled: the target's own draw at every position
+            keys, temperature, repeats = sampling.keys[:, :width], sampling.temperature, None
+            if read is not None:
+                repeats = host_to_device(num_new, hidden.device, torch.long)
+                temperature = temperature.repeat_interleave(repeats)
+                keys = keys.reshape(-1, 1)[read]                                                   # [N, 1]
+            ids = self.target_draws(hidden, sampling, temperature, keys, repeats)
+        if read is None:
+            return ids                                                                             # [B, k+1]
+        out = torch.zeros(len(rows) * width, dtype=ids.dtype, device=ids.device)
+        out[read] = ids.reshape(-1)
+        return out.reshape(len(rows), width)
+
+    def samples_natively(self, sampling: SamplingBatch) -> bool:
+        """The target's own draw needs no probabilities: a native sampling head and no greedy row (full-softmax rows,
+        or any top-k / top-p cuts: truncated_draws); else the PyTorch path: logits, logits_to_probs,
+        sample_from_probs."""
+        return self.target.samples_natively and not sampling.any_greedy
+
+    def target_draws(self, hidden: torch.Tensor,   # [B, S, hidden]
+                      sampling: SamplingBatch, temperature: torch.Tensor, keys: torch.Tensor,   # [B], [B, S]
+                      repeats: torch.Tensor | None = None,   # [rows]: row i's settings serve repeats[i] of the B
+                      ) -> torch.Tensor:                     # [B, S] the target's own draws
+        """The target's draws with the step's keys: from the full softmax, or through each row's top-k / top-p cut."""
+        if sampling.untruncated:
+            return self.target.sample_ids(hidden, temperature, keys)
+        top_k, top_p = sampling.top_k, sampling.top_p
+        if repeats is not None:
+            top_k = None if top_k is None else top_k.repeat_interleave(repeats)
+            top_p = None if top_p is None else top_p.repeat_interleave(repeats)
+        return draw_truncated(self.target, hidden, temperature, keys, top_k, top_p, sampling.top_k_max)
+
+    def couple(self, sampling: SamplingBatch | None, k: int, requests: list) -> SamplingBatch | None:
+        """Coupled draws where both sides can (a native sampling head on the target, a proposer that draws with the
+        same noise, or nothing drafted): the target draws its own token at each of the k+1 positions (Gumbel-max,
+        the noise of a row's output position n from its key n, `draw_keys`) and a draft is accepted iff it equals the
+        target's draw there. Lossless: the emitted tokens are the target's own draws, and the step stops at a position
+        from earlier positions' noise only, so a position's key is still unseen when the next step draws it again
+        after its true prefix. Each emitted token is then argmax(logits / T + noise of key n) after the same prefix
+        as the target alone's: a seeded request samples its text token for token, whatever k and batch.
+        No probabilities on either side (a top-k / top-p cut reads the head's largest or all logits: truncated_draws).
+        Else (greedy rows, other heads or proposers) rejection sampling, whose seeded output depends on the drafts."""
+        if sampling is None or not self.samples_natively(sampling):
+            return sampling
+        if k and not getattr(self.proposer, "couples_draws", False):
+            return sampling
+        return replace(sampling, keys=self.noise_keys(sampling, requests, k + 1))                  # [B, k+1]
+
+    def noise_keys(self, sampling: SamplingBatch, requests: list, num: int) -> torch.Tensor:   # [B, num]
+        """Each request's noise keys for its next `num` output positions (sampling.draw_keys)."""
+        positions = [len(r.output_target_ids) for r in requests]
+        return draw_keys(sampling.randoms, positions, num, self.target.device)
+
+    def verify(self, target_out, proposal: Proposal, sampling: SamplingBatch | None,
+                row_drafts: list[int]) -> VerifyOutput:
+        k = proposal.draft_target_ids.shape[1]
+        # Ragged only when some request drafts fewer than the step's k (it opted out of speculation or capped it).
+        num_draft_tokens = (None if row_drafts.count(k) == len(row_drafts)
+                            else host_to_device(row_drafts, target_out.device, torch.long))        # [B]
+        if sampling is None or not target_out.is_floating_point():   # ids: greedy, or drawn with nothing to verify
+            return verify_greedy(target_out, proposal.draft_target_ids, num_draft_tokens)
+        target_probs = logits_to_probs(target_out, sampling.temperature, sampling.top_k, sampling.top_p,
+                                       sampling.any_greedy)                                 # [B, k+1, V_target]
+        # Drawn where the row generators live (host), moved in one non-blocking copy each.
+        uniforms, token_uniforms = draw_noise(sampling.randoms, k, target_probs.device)    # [B, k], [B]
+        return verify_sampling(target_probs, proposal.draft_probs.to(target_probs), proposal.draft_target_ids,
+                               uniforms.to(target_probs.dtype), token_uniforms, num_draft_tokens,
+                               proposal.draft_columns, proposal.column_to_target)
+
+    def sampling_batch(self, requests: list) -> SamplingBatch | None:
+        params = [r.params for r in requests]
+        if SamplingParams.all_greedy(params):
+            return None
+        dev = self.target.device
+        # None when no row truncates: logits_to_probs then skips its sort over the vocabulary (the costliest
+        # part of a sampling step on a 150k vocabulary).
+        use_top_k = any(p.top_k > 0 for p in params)
+        use_top_p = any(p.top_p < 1.0 for p in params)
+        return SamplingBatch(
+            temperature=host_to_device([p.temperature for p in params], dev),
+            top_k=host_to_device([max(p.top_k, 0) for p in params], dev, torch.long) if use_top_k else None,
+            top_p=host_to_device([p.top_p for p in params], dev) if use_top_p else None,
+            randoms=[None if r.params.greedy else r.random for r in requests],   # greedy rows draw no noise
+            top_k_max=max(p.top_k for p in params) if use_top_k and min(p.top_k for p in params) > 0 else 0)
