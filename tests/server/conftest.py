@@ -137,28 +137,27 @@ def tiny_target(tiny_ckpts, tmp_path_factory) -> Path:
 TINY_SERVE_ARGS = {"dtype": "float64", "max_model_len": 128, "max_num_seqs": 4, "k": 3}
 
 
+def start_tiny_server(target: Path, ckpts: Checkpoints, tmp_path_factory, log_name: str) -> LiveServer:
+    a = TINY_SERVE_ARGS
+    return start_server(["--model", str(target), "--draft", str(ckpts.llama2_draft),
+                         "-k", str(a["k"]), "--no-adaptive", "--dtype", a["dtype"], "--device", "cpu", "--max-model-len",
+                         str(a["max_model_len"]), "--max-num-seqs", str(a["max_num_seqs"]),
+                         "--served-model-name", "tiny", "--api-key", TINY_API_KEY],
+                        tmp_path_factory.mktemp("logs") / log_name, api_key=TINY_API_KEY,
+                        env={"ANYDRAFT_CACHE_DIR": str(tmp_path_factory.mktemp("bridge_cache"))})
+
+
 @pytest.fixture(scope="session")
 def tiny_server(tiny_ckpts, tiny_target, tmp_path_factory):
-    a = TINY_SERVE_ARGS
-    server = start_server(["--model", str(tiny_target), "--draft", str(tiny_ckpts.llama2_draft),
-                           "-k", str(a["k"]), "--no-adaptive", "--dtype", a["dtype"], "--device", "cpu", "--max-model-len",
-                           str(a["max_model_len"]), "--max-num-seqs", str(a["max_num_seqs"]),
-                           "--served-model-name", "tiny", "--api-key", TINY_API_KEY],
-                          tmp_path_factory.mktemp("logs") / "tiny.log", api_key=TINY_API_KEY,
-                          env={"ANYDRAFT_CACHE_DIR": str(tmp_path_factory.mktemp("bridge_cache"))})
+    server = start_tiny_server(tiny_target, tiny_ckpts, tmp_path_factory, "tiny.log")
     yield server
     stop_server(server)
 
 
 @pytest.fixture(scope="session")
 def tiny_chat_server(tiny_ckpts, tmp_path_factory):
-    a = TINY_SERVE_ARGS
-    server = start_server(["--model", str(tiny_ckpts.qwen3_target), "--draft", str(tiny_ckpts.llama2_draft),
-                           "-k", str(a["k"]), "--no-adaptive", "--dtype", a["dtype"], "--device", "cpu", "--max-model-len",
-                           str(a["max_model_len"]), "--max-num-seqs", str(a["max_num_seqs"]),
-                           "--served-model-name", "tiny", "--api-key", TINY_API_KEY],
-                          tmp_path_factory.mktemp("logs") / "tiny_chat.log", api_key=TINY_API_KEY,
-                          env={"ANYDRAFT_CACHE_DIR": str(tmp_path_factory.mktemp("bridge_cache"))})
+    """The tiny server with the tokenizer's chat template kept."""
+    server = start_tiny_server(tiny_ckpts.qwen3_target, tiny_ckpts, tmp_path_factory, "tiny_chat.log")
     yield server
     stop_server(server)
 
