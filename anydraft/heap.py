@@ -1,6 +1,8 @@
 """The startup heap: what loading built, moved out of the garbage collector's reach before serving starts."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 
 
@@ -14,3 +16,12 @@ def freeze_startup_heap() -> int:
     gc.collect()   # first, so that no garbage of now is made permanent
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def return_freed_memory() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim): loading frees gigabytes of transient
+    buffers (weights before packing, calibration activations) that the allocator would otherwise keep as resident
+    memory the KV pool already accounts for. False where the C library has no malloc_trim (not glibc)."""
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    return bool(trim is not None and trim(0) is not None)

@@ -6,7 +6,7 @@ import logging
 from .cache_budget import CachePlan, block_rounded, plan_caches
 from .config import EngineConfig, SamplingParams, SpeculativeConfig, parse_dtype, resolve_device
 from .engine import Engine
-from .heap import freeze_startup_heap
+from .heap import freeze_startup_heap, return_freed_memory
 from .metrics import SpecStats
 from .model.loader import DEFAULT_TARGET, resolve_model_path
 from .model.runner import ModelRunner
@@ -78,6 +78,7 @@ class LLM:
         self.engine = Engine(self.target, self.tokenizer, self.proposer, max_model_len, max_num_batched_tokens,
                              adaptive=adaptive, prefix_caching=enable_prefix_caching)
         freeze_startup_heap()   # loaded: the collector need not walk what loading built at every full collection
+        return_freed_memory()
 
     def _allocate_caches(self, device, max_model_len: int, k: int) -> CachePlan:
         """Size the target's and the draft's block pools from one budget, allocate them, and log what fits."""

@@ -110,7 +110,8 @@ def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.devic
     if head_rows != cfg.vocab_size:
         # Reduced-vocab draft head (speculators convention): N output rows, mapped to target ids by d2t.
         model.lm_head = torch.nn.Linear(cfg.hidden_size, head_rows, bias=False, device="meta")
-    model = model.to_empty(device=device)
+    # Allocated in the dtype asked (a float32 module beside the weights doubled loading's peak).
+    model = model.to(dtype=dtype).to_empty(device=device)
     model._inv_freq = rope_inv_freq(cfg).to(device)  # built under the meta device above; recompute for real
     if cfg.tie_word_embeddings and "lm_head.weight" not in state:
         model.lm_head.weight = model.model.embed_tokens.weight
