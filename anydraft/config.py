@@ -9,6 +9,7 @@ import torch
 from .cache_budget import parse_bytes
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)   # a larger temperature is inf on the device
+MAX_LOGPROBS = 20   # top alternatives a request may ask for per token (OpenAI's cap)
 
 VOCAB_MODES = ("auto", "identity", "tli", "d2t", "slem")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -55,6 +56,13 @@ class SamplingParams:
     num_speculative_tokens: int | None = None
     """At most this many draft tokens per step for this request; 0 opts it out of speculation (its output is
     the same either way; speculation only changes speed). None: as many as the engine drafts."""
+    logprobs: int | None = None
+    """Return each output token's log-probability and this many top alternatives (0 = the chosen token only, at
+    most 20): the target's raw logprobs (log_softmax of its logits before temperature, top-k, top-p), the same
+    with or without speculation. None: none."""
+    prompt_logprobs: int | None = None
+    """Return each prompt token's log-probability (the first has none) and this many top alternatives (0..20);
+    such a prompt skips the prefix cache. With it max_tokens may be 0 (score the prompt only). None: none."""
 
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= FLOAT32_MAX):
@@ -64,8 +72,15 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not -1 <= self.top_k < 2 ** 63:   # a 64-bit count on the device
             raise ValueError(f"top_k must be in [-1, 2**63) (0 or -1 = off), got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] (top alternatives per token; "
+                                 f"0 = the chosen token only) or None, got {value!r}")
+        if self.max_tokens < (0 if self.prompt_logprobs is not None else 1):
+            raise ValueError(f"max_tokens must be >= 1 (0 only with prompt_logprobs, to score a prompt), "
+                             f"got {self.max_tokens}")
         if self.seed is not None and not (isinstance(self.seed, int) and -2 ** 63 <= self.seed < 2 ** 64):
             raise ValueError(f"seed must be an integer in [-2**63, 2**64) (a 64-bit seed) or None, got {self.seed!r}")
         if self.num_speculative_tokens is not None and (not isinstance(self.num_speculative_tokens, int)

@@ -16,7 +16,7 @@ from .spec_decode.adaptive import AdaptiveSpeculation
 from .spec_decode.calibration import calibrate_target_cost
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
 from .spec_decode.sampling import RowRandom
-from .spec_decode.target_step import TargetStep
+from .spec_decode.target_step import TargetStep, host_logprobs, logprob_width
 from .spec_decode.verify import VerifyOutput
 from .tokenizer import Tokenizer
 
@@ -147,8 +147,7 @@ class Engine:
         (preempted earlier) decodes on from its last token."""
         for request, _ in chunks:
             request.started = request.started or time.perf_counter()
-        pieces = [r.prefill_target_ids[r.num_prefilled:r.num_prefilled + n] for r, n in chunks]
-        last_hidden = self.target.prefill_rows([r.row for r, _ in chunks], pieces, chunk=max(map(len, pieces)))
+        last_hidden = self.target_step.prefill(chunks)   # and the prompt logprobs of requests asking for them
         for request, n in chunks:
             request.num_prefilled += n
             self.scheduler.publish(request)
@@ -156,12 +155,12 @@ class Engine:
         fresh = [i for i in complete if not chunks[i][0].resuming]
         admitted = [chunks[i][0] for i in fresh]
         if admitted:
-            first_target_ids = self.target_step.first_target_ids(admitted, last_hidden[fresh])
+            first_target_ids, logprobs = self.target_step.first_target_ids(admitted, last_hidden[fresh])
             now = time.perf_counter()
             for request, target_id in zip(admitted, first_target_ids):
                 request.first_token_at = now
                 self.last_target_id[request.row] = target_id
-            self._emit(admitted, [[target_id] for target_id in first_target_ids])
+            self._emit(admitted, [[target_id] for target_id in first_target_ids], logprobs)
         joined = [chunks[i][0] for i in complete if not chunks[i][0].finished]
         for request in joined:
             if request.resuming:   # the draft reads the same text again: prompt and all output but the last token
@@ -198,14 +197,16 @@ class Engine:
         proposal = self._propose(rows, drafting, sampling, k)                             # [B, k] target ids
         row_drafts = self._row_drafts(step_requests, proposal)                            # per row, may cap
         t1 = time.perf_counter()
-        target_out = self.target_step.forward(rows, [self.last_target_id[r] for r in rows], proposal,
-                                               sampling, row_drafts)   # greedy ids or logits, see below
+        num_top = logprob_width(step_requests)                          # None: no row asks for logprobs
+        target_out, logits = self.target_step.forward(rows, [self.last_target_id[r] for r in rows], proposal,
+                                                      sampling, row_drafts, logprobs=num_top is not None)
         t2 = time.perf_counter()
         verdict = self.target_step.verify(target_out, proposal, sampling, row_drafts)
-        num_accepted, new_target_ids = self._fetch_to_host(verdict)                        # the one sync
+        packed = None if num_top is None else self.target_step.emitted_logprobs(logits, verdict, num_top)
+        num_accepted, new_target_ids, logprobs = self._fetch_to_host(verdict, step_requests, packed)   # one sync
         self.target.cache.rewind(rows, [drafted - n for drafted, n in zip(row_drafts, num_accepted)])
         self.proposer.observe(rows, num_accepted, new_target_ids)
-        self._record(step_requests, row_drafts, num_accepted, new_target_ids)
+        self._record(step_requests, row_drafts, num_accepted, new_target_ids, logprobs)
         t3 = time.perf_counter()
         if self.speculation is not None:
             self.speculation.observe_step(len(rows), k, num_accepted, t1 - t_chosen, t2 - t1, t3 - t2,
@@ -272,16 +273,28 @@ class Engine:
         return Proposal(draft_target_ids, None, num_draft_tokens=counts)                 # [B, width], ragged
 
     @staticmethod
-    def _fetch_to_host(verdict: VerifyOutput) -> tuple[list[int], list[list[int]]]:
-        """The step's single host-device sync: accepted counts and emitted target ids, in one transfer."""
-        packed = torch.cat([verdict.num_accepted[:, None], verdict.output_ids], dim=1).tolist()
-        num_accepted = [row[0] for row in packed]
-        new_target_ids = [row[1:2 + n] for row, n in zip(packed, num_accepted)]
-        return num_accepted, new_target_ids
+    def _fetch_to_host(verdict: VerifyOutput, requests: list[Request], logprobs: torch.Tensor | None = None
+                       ) -> tuple[list[int], list[list[int]], dict[int, list] | None]:
+        """The step's single host-device sync: accepted counts and emitted target ids, in one transfer, with the
+        emitted tokens' logprobs ([B, k+1, P] packed, where some row asks) in the same one (all as float64: exact
+        for ids and float32 values); row index -> its entries for the requests that asked."""
+        if logprobs is None:
+            packed = torch.cat([verdict.num_accepted[:, None], verdict.output_ids], dim=1).tolist()
+            num_accepted = [row[0] for row in packed]
+            return num_accepted, [row[1:2 + n] for row, n in zip(packed, num_accepted)], None
+        width = verdict.output_ids.shape[1]
+        host = torch.cat([verdict.num_accepted[:, None].double(), verdict.output_ids.double(),
+                          logprobs.flatten(1)], dim=1).tolist()
+        num_accepted = [int(row[0]) for row in host]
+        new_target_ids = [[int(t) for t in row[1:2 + n]] for row, n in zip(host, num_accepted)]
+        size = logprobs.shape[-1]
+        positions = [[row[1 + width + j * size:1 + width + (j + 1) * size] for j in range(n + 1)]
+                     for row, n in zip(host, num_accepted)]
+        return num_accepted, new_target_ids, host_logprobs(requests, positions, [n + 1 for n in num_accepted])
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _record(self, step_requests: list[Request], row_drafts: list[int], num_accepted: list[int],
-                new_target_ids: list[list[int]]) -> None:
+                new_target_ids: list[list[int]], logprobs: dict[int, list] | None = None) -> None:
         """The step's verdict to each request's stats and output: a constant number of calls a step (none per row)
         where no row ends, meets EOS or has stop strings (tests/engine/test_host_calls.py)."""
         SpecStats.observe_rows([r.stats for r in step_requests] + [self.stats] * len(step_requests),
@@ -289,12 +302,12 @@ class Engine:
         last_target_id = self.last_target_id
         for request, target_ids in zip(step_requests, new_target_ids):
             last_target_id[request.row] = target_ids[-1]
-        self._emit(step_requests, new_target_ids)
+        self._emit(step_requests, new_target_ids, logprobs)
 
-    def _emit(self, requests: list[Request], new_target_ids: list[list[int]]) -> None:
-        """Give each request its new tokens (the output processor cuts them where the request ends: EOS, length,
-        stop string) and release the rows that ended."""
-        num_emitted, ended = self.output.extend_rows(requests, new_target_ids)
+    def _emit(self, requests: list[Request], new_target_ids: list[list[int]], logprobs: dict | None = None) -> None:
+        """Give each request its new tokens and logprob entries (the output processor cuts them where the request
+        ends: EOS, length, stop string) and release the rows that ended."""
+        num_emitted, ended = self.output.extend_rows(requests, new_target_ids, logprobs)
         for request, n in zip(requests, num_emitted):
             request.stats.num_emitted += n
         self.stats.num_emitted += sum(num_emitted)

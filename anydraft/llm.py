@@ -10,7 +10,7 @@ from .heap import freeze_startup_heap, return_freed_memory
 from .metrics import SpecStats
 from .model.loader import DEFAULT_TARGET, resolve_model_path
 from .model.runner import ModelRunner
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, RequestOutput, logprob_dicts
 from .spec_decode.factory import build_proposer
 from .spec_decode.proposer import NoDraftProposer
 from .tokenizer import Tokenizer
@@ -127,10 +127,14 @@ class LLM:
 
     def _request_output(self, request) -> RequestOutput:
         metrics = {**request.stats.to_dict(), "vocab_mode": self.draft_info.get("vocab_mode")}
+        logprobs = (None if request.logprobs is None
+                    else logprob_dicts(request.logprobs, request.output_target_ids, self.tokenizer))
         completion = CompletionOutput(0, request.text, list(request.output_target_ids), request.finish_reason,
-                                      request.stop_reason)
+                                      request.stop_reason, logprobs)
+        prompt_logprobs = (None if request.prompt_logprobs is None
+                           else logprob_dicts(request.prompt_logprobs, request.prompt_target_ids, self.tokenizer))
         return RequestOutput(str(request.request_id), request.prompt, list(request.prompt_target_ids), [completion],
-                             finished=request.finished, metrics=metrics)
+                             finished=request.finished, metrics=metrics, prompt_logprobs=prompt_logprobs)
 
     @property
     def kernels(self) -> dict:

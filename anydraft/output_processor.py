@@ -108,11 +108,14 @@ class OutputProcessor:
         return TextState(IncrementalDetokenizer(self.token_bytes, self.skip_ids), list(params.stop),
                          min(params.max_tokens, self.max_model_len - num_prompt_tokens))
 
-    def extend_rows(self, requests: list, new_target_ids: list[list[int]]) -> tuple[list[int], list]:
+    def extend_rows(self, requests: list, new_target_ids: list[list[int]],
+                    new_logprobs: dict[int, list] | None = None) -> tuple[list[int], list]:
         """A step's new tokens for each request (as extend); returns how many each kept and the requests that ended.
         A row without stop strings, EOS among its tokens or the end of its room costs no call: its ids are appended
         and their text decoded when next read. The rest (a few rows a step) go through extend. So the step's host
-        work here is a constant number of calls, not a few per row."""
+        work here is a constant number of calls, not a few per row.
+        new_logprobs: row index -> one logprob entry per new token, for the requests that asked for them; each keeps
+        the entries of the tokens it kept."""
         eos = self.eos_ids
         with_eos = {i for i, target_ids in enumerate(new_target_ids) for t in target_ids if t in eos}
         kept, ended = [*map(len, new_target_ids)], []
@@ -126,6 +129,8 @@ class OutputProcessor:
             request.output_target_ids += target_ids
             state.unread_ids += target_ids
             state.tokens_left -= kept[i]
+        for i, entries in (new_logprobs or {}).items():
+            requests[i].logprobs += entries[:kept[i]]
         return kept, ended
 
     def extend(self, request, target_ids: list[int]) -> int:
@@ -159,9 +164,12 @@ class OutputProcessor:
         return len(kept)
 
     @staticmethod
-    def take_delta(request) -> tuple[str, list[int]]:
-        """Decided text and output ids not handed out before (what a stream sends next)."""
+    def take_delta(request) -> tuple[str, list[int], list | None]:
+        """Decided text, output ids and their logprob entries (None where not asked for) not handed out before
+        (what a stream sends next)."""
         state = request.text_state
-        text, target_ids = state.text[state.sent_chars:], request.output_target_ids[state.sent_tokens:]
+        sent = state.sent_tokens
+        text, target_ids = state.text[state.sent_chars:], request.output_target_ids[sent:]
+        logprobs = None if request.logprobs is None else request.logprobs[sent:]
         state.sent_chars, state.sent_tokens = len(state.text), len(request.output_target_ids)
-        return text, target_ids
+        return text, target_ids, logprobs

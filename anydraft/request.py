@@ -9,6 +9,9 @@ from .metrics import SpecStats
 from .output_processor import TextState
 from .spec_decode.sampling import RowRandom
 
+# One token's logprob entry: (its logprob, its rank, [(id, logprob)] of the top alternatives, largest first).
+TokenLogprob = tuple[float, int, list[tuple[int, float]]]
+
 
 @dataclass(eq=False)
 class Request:
@@ -31,6 +34,16 @@ class Request:
     arrival: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     first_token_at: float = 0.0  # when the prompt's forward gave the first token (decode time is after it)
+    # Where the params ask for them: one entry per output token (cut with the tokens), and per prompt token (None
+    # for the first, which nothing predicts), filled chunk by chunk as the prompt is prefilled.
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    def __post_init__(self):
+        if self.params.logprobs is not None:
+            self.logprobs = []
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def finished(self) -> bool:

@@ -102,7 +102,9 @@ class Scheduler:
         """Give the request a row, its cached prefix and blocks for its first chunk; 0 (nothing changed) where that
         chunk does not fit. The last prefill token is always computed: its hidden state gives the first token."""
         row, wanted = self.free_rows[-1], request.prefill_target_ids
-        hit = self.cache.attach_prefix(row, wanted, len(wanted) - 1, count=False)
+        # Prompt logprobs are read off the forward at every prompt position: a cached prefix would skip them.
+        scoring = request.params.prompt_logprobs is not None and not request.resuming
+        hit = self.cache.attach_prefix(row, wanted, 0 if scoring else len(wanted) - 1, count=False)
         n = min(len(wanted) - hit, budget)
         if not self.cache.can_reserve([row], [hit + n]):
             self.cache.reset(row)

@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..config import SpeculativeConfig
 from ..tokenizer import TokenizerError
 from .async_engine import AsyncEngine, RequestDelta
+from .logprob_format import CompletionLogprobs, chat_logprobs
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
 
@@ -212,12 +213,13 @@ async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, pr
                                 f"at most {room} or shorten the prompt", name)
         max_tokens = room if max_tokens is None else max_tokens
     try:
-        requests = [engine.new_request(prompt, body.sampling_params(max_tokens or 1, i), prompt_ids)
-                    for i in range(body.n)]
+        requests = [engine.new_request(prompt, body.sampling_params(1 if max_tokens is None else max_tokens, i),
+                                       prompt_ids) for i in range(body.n)]
     except ValueError as e:
         raise ApiError(400, str(e), "messages" if chat else "prompt") from e
+    echo = None if chat or not body.echo else (requests[0].prompt, requests[0].prompt_target_ids)
     reply = _Reply(state.config.served_model_name, chat, {r.request_id: i for i, r in enumerate(requests)},
-                   len(prompt_ids))
+                   len(prompt_ids), state.tokenizer, bool(body.logprobs if chat else body.logprobs is not None), echo)
     deltas = engine.stream(requests)
     if body.stream:
         return StreamingResponse(reply.sse(deltas, body.include_usage), media_type="text/event-stream")
@@ -227,12 +229,32 @@ async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, pr
 class _Reply:
     """One response (n choices) in the OpenAI shape, whole or as server-sent events."""
 
-    def __init__(self, model: str, chat: bool, index_of: dict[int, int], num_prompt_tokens: int):
+    def __init__(self, model: str, chat: bool, index_of: dict[int, int], num_prompt_tokens: int, tokenizer=None,
+                 logprobs: bool = False, echo: tuple[str, list[int]] | None = None):
         self.model, self.chat, self.index_of = model, chat, index_of
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.num_prompt_tokens = num_prompt_tokens
         self.num_output_tokens = {i: 0 for i in index_of.values()}
+        self.tokenizer, self.logprobs, self.echo = tokenizer, logprobs, echo   # echo: (prompt text, prompt ids)
+        self.offsets = {i: CompletionLogprobs(tokenizer) for i in index_of.values()}   # text_offset per choice
+
+    def _text(self, delta: RequestDelta, first: bool) -> str:
+        """The delta's text, after the prompt's on a choice's first delta where echo asks."""
+        return (self.echo[0] if first and self.echo else "") + delta.text
+
+    def _logprobs(self, index: int, delta: RequestDelta, first: bool) -> dict | None:
+        """The delta's tokens' logprobs in the endpoint's shape (with echo, the prompt's first); None unasked."""
+        if not self.logprobs:
+            return None
+        entries, ids = delta.logprobs or [], delta.target_ids
+        if self.chat:
+            return {"content": chat_logprobs(self.tokenizer, entries, ids)}
+        parts = []
+        if first and self.echo:
+            parts.append(self.offsets[index].part(delta.prompt_logprobs or [], self.echo[1]))
+        parts.append(self.offsets[index].part(entries, ids))
+        return CompletionLogprobs.join(parts)
 
     def _usage(self) -> dict:
         completion = sum(self.num_output_tokens.values())
@@ -255,14 +277,16 @@ class _Reply:
         try:
             async for delta in deltas:
                 index = self._index(delta)
-                if not delta.text and delta.finish_reason is None and index in first:
+                if not delta.text and delta.finish_reason is None and index in first and not (
+                        self.logprobs and delta.target_ids):
                     continue   # tokens whose text is still held back (partial UTF-8, a possible stop string)
-                choice = {"index": index, "logprobs": None, "finish_reason": delta.finish_reason}
+                choice = {"index": index, "logprobs": self._logprobs(index, delta, index not in first),
+                          "finish_reason": delta.finish_reason}
                 if self.chat:
                     choice["delta"] = {"content": delta.text} if index in first else \
                         {"role": "assistant", "content": delta.text}
                 else:
-                    choice["text"] = delta.text
+                    choice["text"] = self._text(delta, index not in first)
                 if delta.spec_decode is not None:
                     choice["spec_decode"] = delta.spec_decode
                 first.add(index)
@@ -281,12 +305,15 @@ class _Reply:
 
     async def whole(self, deltas, raw: Request):
         texts = {i: [] for i in self.num_output_tokens}
+        logprobs = {i: [] for i in self.num_output_tokens}
         finals: dict[int, RequestDelta] = {}
 
         async def collect():
             async for delta in deltas:
                 index = self._index(delta)
-                texts[index].append(delta.text)
+                first = not texts[index]
+                texts[index].append(self._text(delta, first))
+                logprobs[index].append(self._logprobs(index, delta, first))
                 if delta.finish_reason is not None:
                     finals[index] = delta
 
@@ -301,8 +328,15 @@ class _Reply:
         choices = []
         for index in sorted(texts):
             text, final = "".join(texts[index]), finals[index]
-            choice = {"index": index, "logprobs": None, "finish_reason": final.finish_reason,
-                      "spec_decode": final.spec_decode}
+            choice = {"index": index, "logprobs": self._joined_logprobs(logprobs[index]),
+                      "finish_reason": final.finish_reason, "spec_decode": final.spec_decode}
             choice.update({"message": {"role": "assistant", "content": text}} if self.chat else {"text": text})
             choices.append(choice)
         return {**self._head(False), "choices": choices, "usage": self._usage()}
+
+    def _joined_logprobs(self, parts: list[dict | None]) -> dict | None:
+        if not self.logprobs:
+            return None
+        if self.chat:
+            return {"content": [token for part in parts for token in part["content"]]}
+        return CompletionLogprobs.join(parts)

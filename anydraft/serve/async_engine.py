@@ -35,6 +35,8 @@ class RequestDelta:
     num_output_tokens: int        # so far
     spec_decode: dict | None      # on the last delta: the request's speculative stats
     error: str | None = None      # the engine failed while running this request
+    logprobs: list | None = None  # the logprob entries of target_ids, where the request asks for them
+    prompt_logprobs: list | None = None   # on the first delta, where the request asks for them (None for token 0)
 
 
 def num_drafts(stats) -> int:
@@ -133,14 +135,16 @@ class AsyncEngine:
         self.metrics.observe_queue(len(self.engine.scheduler.running), len(self.engine.scheduler.waiting))
 
     def _post(self, request: Request, now: float) -> None:
-        text, target_ids = OutputProcessor.take_delta(request)
+        text, target_ids, logprobs = OutputProcessor.take_delta(request)
+        first = request.request_id not in self._last_output   # no delta with tokens was posted before
         if target_ids:
             previous = self._last_output.get(request.request_id)
             self.metrics.observe_tokens(len(target_ids), previous is None, now - (previous or request.arrival))
             self._last_output[request.request_id] = now
         delta = RequestDelta(request.request_id, text, target_ids, request.finish_reason,
                              len(request.prompt_target_ids), len(request.output_target_ids),
-                             spec_decode_summary(request) if request.finished else None)
+                             spec_decode_summary(request) if request.finished else None, None, logprobs,
+                             request.prompt_logprobs if first else None)
         loop, sink = self._sinks[request.request_id]
         loop.call_soon_threadsafe(sink.put_nowait, delta)
         if request.finished:

@@ -2,9 +2,11 @@
 
 Unknown fields are ignored (as vLLM does), known fields are type-checked: a wrong type is a 400 with the
 field's name. Every text field must be valid Unicode (a lone UTF-16 surrogate such as "\\udcff" cannot be
-tokenized or encoded as UTF-8), every number finite. Options the engine does not implement (logprobs,
-penalties, tools, image parts...) are refused with a 400 saying so, never silently ignored. `top_k` and
-`ignore_eos` are vLLM's extensions, accepted here too.
+tokenized or encoded as UTF-8), every number finite. Options the engine does not implement (penalties,
+logit_bias, suffix, tools, image parts...) are refused with a 400 saying so, never silently ignored. `top_k` and
+`ignore_eos` are vLLM's extensions, accepted here too. Logprobs: completions' `logprobs` (top-n per token) and
+`echo` (the prompt's own logprobs first; max_tokens 0 with echo scores the prompt only), chat's `logprobs` and
+`top_logprobs`; each at most 20 alternatives.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import FLOAT32_MAX, SamplingParams
+from ..config import FLOAT32_MAX, MAX_LOGPROBS, SamplingParams
 from ..tokenizer import check_text
 
 
@@ -127,10 +129,15 @@ class _SamplingRequest(BaseModel):
         seed = None if self.seed is None else self.seed + choice
         try:
             return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
-                                  max_tokens=max_tokens, seed=seed, stop=self.stop, ignore_eos=self.ignore_eos)
+                                  max_tokens=max_tokens, seed=seed, stop=self.stop, ignore_eos=self.ignore_eos,
+                                  **self.logprob_params(max_tokens))
         except ValueError as e:   # SamplingParams' messages start with the field's name
             name = str(e).split(" ", 1)[0]
             raise ApiError(400, str(e), name if name in type(self).model_fields else None) from e
+
+    def logprob_params(self, max_tokens: int) -> dict:
+        """SamplingParams' logprobs and prompt_logprobs for this request."""
+        return {}
 
     @property
     def max_tokens_field(self) -> str:
@@ -151,16 +158,20 @@ def _shape(value) -> str:
 
 class CompletionRequest(_SamplingRequest):
     prompt: Text | list[Text] | list[TokenId]
-    max_tokens: int | None = Field(16, ge=1)      # OpenAI's and vLLM's default for completions
+    max_tokens: int | None = Field(16, ge=0)      # OpenAI's and vLLM's default for completions; 0 only with echo
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
     best_of: int | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, value):
-        """The shape first, in one message (the union's alternatives would each report their own type error)."""
+        """The shape first, in one message (the union's alternatives would each report their own type error). A batch
+        of one list of token ids (what lm-eval sends at batch size 1) is that list."""
+        if (isinstance(value, list) and len(value) == 1 and isinstance(value[0], list) and value[0]
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in value[0])):
+            value = value[0]
         if isinstance(value, str) or (isinstance(value, list) and (
                 all(isinstance(x, str) for x in value)
                 or all(isinstance(x, int) and not isinstance(x, bool) for x in value))):
@@ -170,12 +181,20 @@ class CompletionRequest(_SamplingRequest):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.logprobs is not None:
-            raise ApiError(400, "logprobs is not supported by this server; leave it out", "logprobs")
-        if self.echo or self.suffix:
-            raise ApiError(400, "echo and suffix are not supported by this server; leave them out", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens must be greater than or equal to 1 (0 only with echo: true, which "
+                                "returns the prompt, with its logprobs where logprobs is set)", "max_tokens")
+        if self.suffix:
+            raise ApiError(400, "suffix is not supported by this server; leave it out", "suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise ApiError(400, "best_of is not supported (only best_of = n); use n", "best_of")
+
+    def logprob_params(self, max_tokens: int) -> dict:
+        """echo with logprobs: the prompt's too; echo with max_tokens 0 scores the prompt (its logprobs where asked,
+        else only so that the engine takes the request: the reply holds the prompt only)."""
+        prompt = self.logprobs if self.echo and self.logprobs is not None else (0 if self.echo and not max_tokens
+                                                                               else None)
+        return {"logprobs": self.logprobs, "prompt_logprobs": prompt}
 
     def prompt_input(self) -> tuple[str | None, list[int] | None]:
         """(text, None) or, for a prompt of token ids, (None, target ids)."""
@@ -221,18 +240,21 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: list | None = None
     response_format: dict | None = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.logprobs or self.top_logprobs:
-            raise ApiError(400, "logprobs is not supported by this server; leave it out", "logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true; set it, or leave top_logprobs out", "top_logprobs")
         if self.tools:
             raise ApiError(400, "tools are not supported by this server", "tools")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise ApiError(400, "response_format other than text is not supported", "response_format")
+
+    def logprob_params(self, max_tokens: int) -> dict:
+        return {"logprobs": (self.top_logprobs or 0) if self.logprobs else None}
 
     @property
     def requested_max_tokens(self) -> int | None:

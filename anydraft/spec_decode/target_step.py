@@ -4,6 +4,10 @@ and verifies them, returning one VerifyOutput whatever the mix.
 A batch with no sampled row is greedy (`sampling_batch` returns None): the target gives argmax ids and verification
 compares them. A sampled batch either draws the target's own tokens with the step's noise keys (coupled, where the
 target samples natively: the drafts are accepted iff equal) or goes through probabilities and rejection sampling.
+
+Where a row asks for logprobs the target's logits at the verified positions are computed (greedy ids then come from
+their argmax, the same ids as the argmax-only head's) and the emitted tokens' raw logprobs taken from them
+(spec_decode/logprobs.py): no extra forward, and the values are the target's whatever was drafted.
 """
 from __future__ import annotations
 
@@ -13,11 +17,30 @@ import torch
 
 from ..config import SamplingParams
 from ..model.runner import ModelRunner, token_places
-from ..tensors import host_to_device
+from ..tensors import greedy_argmax, host_to_device
+from .logprobs import pack, token_logprobs, unpack
 from .proposer import Proposal, Proposer, SamplingBatch
 from .sampling import draw_keys, draw_noise, draw_uniforms, logits_to_probs, sample_from_probs
 from .truncated_draws import draw_truncated
 from .verify import VerifyOutput, verify_greedy, verify_sampling
+
+PROMPT_LOGPROB_POSITIONS = 128   # prompt positions per head pass for prompt logprobs (bounds the logits' memory)
+
+
+def logprob_width(requests: list) -> int | None:
+    """The most top alternatives any of the requests asks for per output token; None when none asks (no call per
+    row: a steady decode step asks it of its whole batch)."""
+    wanted = [r.params.logprobs for r in requests]
+    if wanted.count(None) == len(wanted):
+        return None
+    return max(n for n in wanted if n is not None)
+
+
+def host_logprobs(requests: list, packed_rows: list[list[list[float]]], counts: list[int]) -> dict[int, list]:
+    """Row index -> the logprob entries of its first counts[i] positions (each row keeps its own top-n), for the
+    requests that asked for them. packed_rows[i][j]: position j of row i as `logprobs.pack` laid it out."""
+    return {i: [unpack(values, r.params.logprobs) for values in packed_rows[i][:counts[i]]]
+            for i, r in enumerate(requests) if r.params.logprobs is not None}
 
 
 class TargetStep:
@@ -26,35 +49,91 @@ class TargetStep:
     def __init__(self, target: ModelRunner, proposer: Proposer):
         self.target, self.proposer = target, proposer
 
-    def first_target_ids(self, requests: list, last_hidden: torch.Tensor) -> list[int]:
-        """Each request's first token from the target's hidden state at its last prompt token [A, 1, hidden].
-        Host ints: a step that admits requests syncs here too, since the draft must see that token first."""
-        sampling = self.sampling_batch(requests)
+    def first_target_ids(self, requests: list, last_hidden: torch.Tensor) -> tuple[list[int], dict[int, list]]:
+        """Each request's first token from the target's hidden state at its last prompt token [A, 1, hidden], and
+        the logprob entry of it for those that ask (row index -> [entry]). Host values, in one transfer: a step that
+        admits requests syncs here too, since the draft must see that token first."""
+        sampling, num_top = self.sampling_batch(requests), logprob_width(requests)
+        logits = None if num_top is None else self.target.logits(last_hidden)                   # [A, 1, V]
         if sampling is None:
-            return self.target.greedy_ids(last_hidden)[:, 0].tolist()
-        if self.samples_natively(sampling):
+            ids = self.target.greedy_ids(last_hidden) if logits is None else greedy_argmax(logits)
+        elif self.samples_natively(sampling):
             keys = self.noise_keys(sampling, requests, 1)                                    # [A, 1]
-            return self.target_draws(last_hidden, sampling, sampling.temperature, keys)[:, 0].tolist()
-        target_probs = logits_to_probs(self.target.logits(last_hidden), sampling.temperature, sampling.top_k,
-                                       sampling.top_p, sampling.any_greedy)                 # [A, 1, V_target]
-        uniforms = draw_uniforms(sampling.randoms, 1, target_probs.device)                 # [A, 1]
-        return sample_from_probs(target_probs, uniforms).flatten().tolist()
+            ids = self.target_draws(last_hidden, sampling, sampling.temperature, keys)
+        else:
+            logits = self.target.logits(last_hidden) if logits is None else logits
+            target_probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                                           sampling.any_greedy)                               # [A, 1, V_target]
+            uniforms = draw_uniforms(sampling.randoms, 1, target_probs.device)             # [A, 1]
+            ids = sample_from_probs(target_probs, uniforms).reshape(-1, 1)
+        if num_top is None:
+            return ids[:, 0].tolist(), {}
+        packed = pack(token_logprobs(logits, ids, num_top, self.target.num_token_rows))   # [A, 1, 2 + 2n]
+        host = torch.cat([ids.double()[:, :, None], packed], dim=-1).tolist()
+        return [int(row[0][0]) for row in host], host_logprobs(requests, [[row[0][1:]] for row in host],
+                                                                [1] * len(requests))
+
+    def prefill(self, chunks: list[tuple[object, int]]) -> torch.Tensor:
+        """Put each chunk of prompt in its row's cache (one right-padded forward) and return the hidden state at
+        each chunk's last token [B, 1, hidden]. A request asking for prompt logprobs gets those of the tokens this
+        chunk's positions predict (position p: token p + 1; the last prompt position predicts the output instead):
+        all such chunks' values come to the host in one transfer."""
+        pieces = [r.prefill_target_ids[r.num_prefilled:r.num_prefilled + n] for r, n in chunks]
+        scoring = [i for i, (r, _) in enumerate(chunks) if r.prompt_logprobs is not None and not r.resuming]
+        if not scoring:
+            return self.target.prefill_rows([r.row for r, _ in chunks], pieces, chunk=max(map(len, pieces)))
+        width = max(map(len, pieces))
+        batch = host_to_device([piece + [0] * (width - len(piece)) for piece in pieces], self.target.device,
+                               torch.long)
+        hidden = self.target.forward([r.row for r, _ in chunks], batch, num_new=list(map(len, pieces)))   # [B, W, h]
+        ends = host_to_device([len(piece) - 1 for piece in pieces], hidden.device, torch.long)
+        last_hidden = hidden[torch.arange(len(chunks), device=hidden.device), ends][:, None]
+        self._prompt_logprobs([chunks[i][0] for i in scoring], [pieces[i] for i in scoring], hidden[scoring])
+        return last_hidden
+
+    def _prompt_logprobs(self, requests: list, pieces: list[list[int]], hidden: torch.Tensor) -> None:
+        """hidden [R, W, hidden]: the chunks' states; each request's entries from its chunk's start + 1 on are
+        (re)written, so a prompt prefilled again after a preemption gets the same list."""
+        starts = [r.num_prefilled for r in requests]
+        # Position start + j predicts prompt token start + j + 1, where the prompt has one.
+        targets = [r.prompt_target_ids[s + 1:s + len(piece) + 1] for r, s, piece in zip(requests, starts, pieces)]
+        places = host_to_device(token_places([len(t) for t in targets], hidden.shape[1]), hidden.device, torch.long)
+        ids = host_to_device([t for ts in targets for t in ts], hidden.device, torch.long)
+        states = hidden.reshape(-1, hidden.shape[-1])[places]                                  # [M, hidden]
+        num_top = max(r.params.prompt_logprobs for r in requests)
+        step = PROMPT_LOGPROB_POSITIONS
+        packed = [pack(token_logprobs(self.target.logits(states[i:i + step]), ids[i:i + step], num_top,
+                                      self.target.num_token_rows)) for i in range(0, len(ids), step)]
+        host = torch.cat(packed).tolist() if packed else []
+        at = 0
+        for request, start, target in zip(requests, starts, targets):
+            entries = [unpack(values, request.params.prompt_logprobs) for values in host[at:at + len(target)]]
+            request.prompt_logprobs[start + 1:] = entries
+            at += len(target)
 
     def forward(self, rows: list[int], last_target_ids: list[int], proposal: Proposal,
-                sampling: SamplingBatch | None, row_drafts: list[int]) -> torch.Tensor:
+                sampling: SamplingBatch | None, row_drafts: list[int], logprobs: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target over [last verified token, the row's drafts]: its greedy ids [B, k+1] when every row is greedy
         (the runner need not compute all logits for an argmax); with nothing drafted, its drawn ids [B, 1] where the
         runner samples natively (nor does a draw need them); else its logits [B, k+1, V_target]. A row that drafts
         fewer than k (a probe's other rows, an opted-out or capped request) reads only its own drafts: a one-row
         probe at batch 64 verified 64 x (k+1) tokens for the k of one row. Positions past a row's drafts hold
-        nothing that verification reads (ids 0, or the logits of a zero state)."""
+        nothing that verification reads (ids 0, or the logits of a zero state).
+        Also returns the target's logits [B, k+1, V_target] where `logprobs` (some row asks for them; greedy ids then
+        are their argmax, the head's argmax rule) or where verification reads them anyway, else None."""
         last = host_to_device([[t] for t in last_target_ids], self.target.device, torch.long)
         target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
         width = target_input.shape[1]
         num_new = None if row_drafts.count(width - 1) == len(row_drafts) else [n + 1 for n in row_drafts]
         hidden = self.target.forward(rows, target_input, num_new)                                  # [B, k+1, hidden]
         if sampling is not None and sampling.keys is None:
-            return self.target.logits(hidden)
+            logits = self.target.logits(hidden)
+            return logits, logits
+        if logprobs and sampling is None:
+            logits = self.target.logits(hidden)
+            return greedy_argmax(logits), logits
+        logits = self.target.logits(hidden) if logprobs else None   # coupled draws read none; logprobs do
         read = None
         if num_new is not None:   # only the positions read go through the head, each as its own row
             read = host_to_device(token_places(num_new, width), hidden.device, torch.long)      # [N]
@@ -69,10 +148,15 @@ class TargetStep:
                 keys = keys.reshape(-1, 1)[read]                                                   # [N, 1]
             ids = self.target_draws(hidden, sampling, temperature, keys, repeats)
         if read is None:
-            return ids                                                                             # [B, k+1]
+            return ids, logits                                                                     # [B, k+1]
         out = torch.zeros(len(rows) * width, dtype=ids.dtype, device=ids.device)
         out[read] = ids.reshape(-1)
-        return out.reshape(len(rows), width)
+        return out.reshape(len(rows), width), logits
+
+    def emitted_logprobs(self, logits: torch.Tensor, verdict: VerifyOutput, num_top: int) -> torch.Tensor:
+        """The raw logprobs of the tokens verification emits at each position (and num_top alternatives), packed
+        for the host [B, k+1, 2 + 2 num_top]; positions past a row's emitted tokens hold meaningless values."""
+        return pack(token_logprobs(logits, verdict.output_ids, num_top, self.target.num_token_rows))
 
     def samples_natively(self, sampling: SamplingBatch) -> bool:
         """The target's own draw needs no probabilities: a native sampling head and no greedy row (full-softmax rows,

@@ -120,7 +120,7 @@ def _post(server, body, key=None, raw: str | None = None) -> httpx.Response:
     ("empty prompt", {"model": "tiny", "prompt": ""}, None, 400, "prompt is empty"),
     ("prompt over max_model_len", {"model": "tiny", "prompt": "one two three " * 60}, None, 400,
      "too long for max_model_len 128"),
-    ("logprobs", {"model": "tiny", "prompt": "a", "logprobs": 2}, None, 400, "logprobs is not supported"),
+    ("logprobs over 20", {"model": "tiny", "prompt": "a", "logprobs": 21}, None, 400, "logprobs"),
     ("unknown model", {"model": "gpt-4", "prompt": "a"}, None, 404, "does not exist"),
     ("no prompt", {"model": "tiny"}, None, 400, "prompt"),
 ])
