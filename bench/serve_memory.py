@@ -86,7 +86,11 @@ def main() -> None:
             def watch():   # peak RSS and the most requests running at once (the server's gauge)
                 while not done.is_set():
                     peak_serving[0] = max(peak_serving[0], tree_rss(process))
-                    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+                    try:   # a long prefill step can hold the server past the timeout: skip that sample
+                        text = httpx.get(url + "/metrics", timeout=30).text
+                    except httpx.HTTPError:
+                        continue
+                    for line in text.splitlines():
                         if line.startswith("anydraft:num_requests_running"):
                             max_running[0] = max(max_running[0], float(line.rsplit(" ", 1)[1]))
                     time.sleep(0.5)
