@@ -81,42 +81,68 @@ def has_d2t_table(path: Path) -> bool:
     return False
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    state = {}
-    for file in _weight_files(path):
+def iter_weights(path: Path):
+    """(name, tensor) of every weight of a checkpoint (d2t tables included), one tensor at a time."""
+    files = list(_weight_files(path))
+    for file in files:
         if not file.exists():
             raise UnsupportedModelError(f"{file}: listed in the index but missing")
+    if (path / "d2t.safetensors").exists():
+        files.append(path / "d2t.safetensors")
+    for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
-                state[key] = f.get_tensor(key)
-    d2t_file = path / "d2t.safetensors"
-    if d2t_file.exists():
-        with safe_open(str(d2t_file), framework="pt") as f:
+                yield key, f.get_tensor(key)
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    return dict(iter_weights(path))
+
+
+def _head_rows(path: Path, default: int) -> int:
+    """Rows of the checkpoint's lm_head (read from the file header), else `default`."""
+    for file in _weight_files(path):
+        with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
-                state[key] = f.get_tensor(key)
-    return state
+                if key.removeprefix("module.") == "lm_head.weight":
+                    return f.get_slice(key).get_shape()[0]
+    return default
 
 
 def load_model(name_or_path: str | Path, dtype: torch.dtype, device: torch.device) -> tuple[CausalLM, dict]:
-    """Build the module and load weights. Returns (model, extras) where extras holds d2t/t2d if present."""
+    """Build the module and load weights. Returns (model, extras) where extras holds d2t/t2d if present.
+    The module is allocated once in the dtype asked and each weight is copied into it as it is read, so loading
+    holds about one copy of the weights (not the checkpoint's tensors beside the module's)."""
     path = resolve_model_path(name_or_path)
     cfg = ModelConfig.from_file(path / "config.json")
-    state = read_state_dict(path)
-    extras = {k: state.pop(k) for k in D2T_KEYS if k in state}
-    state = {k.removeprefix("module."): v for k, v in state.items()}
     with torch.device("meta"):
         model = CausalLM(cfg)
-    head_rows = state["lm_head.weight"].shape[0] if "lm_head.weight" in state else cfg.vocab_size
+    head_rows = _head_rows(path, cfg.vocab_size)
     if head_rows != cfg.vocab_size:
         # Reduced-vocab draft head (speculators convention): N output rows, mapped to target ids by d2t.
         model.lm_head = torch.nn.Linear(cfg.hidden_size, head_rows, bias=False, device="meta")
-    # Allocated in the dtype asked (a float32 module beside the weights doubled loading's peak).
     model = model.to(dtype=dtype).to_empty(device=device)
     model._inv_freq = rope_inv_freq(cfg).to(device)  # built under the meta device above; recompute for real
-    if cfg.tie_word_embeddings and "lm_head.weight" not in state:
+    targets = model.state_dict()
+    extras, loaded, unexpected = {}, set(), []
+    with torch.no_grad():
+        for key, tensor in iter_weights(path):
+            if key in D2T_KEYS:
+                extras[key] = tensor
+                continue
+            name = key.removeprefix("module.")
+            if name not in targets:
+                unexpected.append(name)
+            elif targets[name].shape != tensor.shape:
+                raise UnsupportedModelError(f"{path}: {name} has shape {tuple(tensor.shape)}, {cfg.architecture} "
+                                            f"with this config.json wants {tuple(targets[name].shape)}")
+            else:
+                targets[name].copy_(tensor)
+                loaded.add(name)
+    missing = [k for k in targets if k not in loaded]
+    if cfg.tie_word_embeddings and "lm_head.weight" in missing:
         model.lm_head.weight = model.model.embed_tokens.weight
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+        missing.remove("lm_head.weight")
     if missing or unexpected:
         raise UnsupportedModelError(f"{path}: weights do not match {cfg.architecture} "
                                     f"(missing {missing[:5]}, unexpected {unexpected[:5]})")

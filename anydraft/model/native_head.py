@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 SCREEN_WIDTH = 64   # VNNI takes 64 int8 at a time: the hidden size must be a multiple
+SCREEN_BUILD_ROWS = 4096   # head rows quantized at once when the screen is built (float64 copies of that many)
 
 
 def _given(values: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -40,22 +41,30 @@ class NativeHead:
         self.weight = weight.detach().contiguous()
         rows, width = self.weight.shape
         padded = -(-rows // 16) * 16
-        exact = torch.zeros(padded, width, dtype=torch.float64)
-        exact[:rows] = self.weight.double()                                   # bf16 values, exactly
-        row_max = exact.abs().amax(dim=1)
-        scale = torch.where(row_max > 0, row_max / 127, torch.ones_like(row_max)).float()   # [N16]
-        q = (exact / scale.double()[:, None]).round().clamp_(-127, 127).to(torch.int8)      # [N16, K]
-        # [N16/16, K/4, 16, 4]: one 64-byte vector holds 4 columns of 16 rows (see greedy_head.cpp)
-        self.q_blocks = q.view(padded // 16, 16, width // 4, 4).permute(0, 2, 1, 3).contiguous()
-        self.row_scale = scale
-        self.q_sum = q.sum(dim=1, dtype=torch.int32)
-        quantized = scale.double()[:, None] * q.double()
         # Summation error of a K-term fp32 dot product in any order (linear.h: AMX tiles or 16 lanes + a tree):
         # at most K - 1 roundings of 2^-24 each of sum |w_k h_k| <= ||w|| ||h||; x4 for the score's own roundings
         # and margin.
         rounding = 4 * (width + 4) * 2.0 ** -24
-        self.slack_q = _round_up(quantized.norm(dim=1))
-        self.slack_h = _round_up((exact - quantized).norm(dim=1) + rounding * exact.norm(dim=1))
+        q = torch.zeros(padded, width, dtype=torch.int8)
+        scale = torch.ones(padded, dtype=torch.float32)      # padding rows: scale 1, q 0, no slack
+        norm_q = torch.zeros(padded, dtype=torch.float64)
+        norm_h = torch.zeros(padded, dtype=torch.float64)
+        for start in range(0, rows, SCREEN_BUILD_ROWS):   # row by row in effect; chunks bound the float64 copies
+            end = min(start + SCREEN_BUILD_ROWS, rows)
+            exact = self.weight[start:end].double()                                  # bf16 values, exactly
+            row_max = exact.abs().amax(dim=1)
+            chunk_scale = torch.where(row_max > 0, row_max / 127, torch.ones_like(row_max)).float()
+            chunk_q = (exact / chunk_scale.double()[:, None]).round().clamp_(-127, 127).to(torch.int8)
+            quantized = chunk_scale.double()[:, None] * chunk_q.double()
+            q[start:end], scale[start:end] = chunk_q, chunk_scale
+            norm_q[start:end] = quantized.norm(dim=1)
+            norm_h[start:end] = (exact - quantized).norm(dim=1) + rounding * exact.norm(dim=1)
+        # [N16/16, K/4, 16, 4]: one 64-byte vector holds 4 columns of 16 rows (see greedy_head.cpp)
+        self.q_blocks = q.view(padded // 16, 16, width // 4, 4).permute(0, 2, 1, 3).contiguous()
+        self.row_scale = scale
+        self.q_sum = q.sum(dim=1, dtype=torch.int32)
+        self.slack_q = _round_up(norm_q)
+        self.slack_h = _round_up(norm_h)
 
     @property
     def rows(self) -> int:
