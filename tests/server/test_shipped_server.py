@@ -139,21 +139,21 @@ def _time_to_first_token(client, prompt: str) -> tuple[float, str]:
 
 
 def test_a_shared_prefix_is_served_from_the_prefix_cache(shipped_server):
-    """A second request sharing a long prompt prefix reads it from the prefix cache (target and draft): the hit
-    counters grow by about the prefix, its first token comes sooner, and a repeat gives the same text (exactness
+    """A second request sharing a long prompt prefix reads it from the target's prefix cache: the hit counter grows
+    by about the prefix, its first token comes sooner, and a repeat gives the same text (the draft's prefix cache:
+    test_tiny_server.py, where k is fixed; here adaptive speculation may not draft for 8 tokens; exactness
     with and without hits is checked against the target alone in tests/engine/test_prefix_caching.py)."""
     client = shipped_server.client()
     # A prefix no other test sends (its own questions, reordered), so the first request is a miss.
     prefix = "\n".join(f"Question: {q}\nAnswer: {q[::-1][:40]}" for q in gsm8k_questions(12, start=300)[::-1])
     prompts = [f"{prefix}\nQuestion: {q}\nAnswer:" for q in gsm8k_questions(3, start=320)]
-    hits = 'anydraft:prefix_cache_hits_total{cache="%s"'
-    before = {c: shipped_server.metric(hits % c) for c in ("target", "draft")}
+    hits = 'anydraft:prefix_cache_hits_total{cache="target"'
+    before = shipped_server.metric(hits)
     cold, _ = _time_to_first_token(client, prompts[0])
     warm = [_time_to_first_token(client, prompt) for prompt in prompts[1:]]
-    gained = {c: shipped_server.metric(hits % c) - before[c] for c in ("target", "draft")}
+    gained = shipped_server.metric(hits) - before
     prefix_tokens = len(_target_tokenizer().encode(prefix))
-    assert gained["target"] >= 2 * (prefix_tokens - 32), (gained, prefix_tokens)
-    assert gained["draft"] > prefix_tokens, gained        # the draft's own tokens of the prefix, both warm requests
+    assert gained >= 2 * (prefix_tokens - 32), (gained, prefix_tokens)
     assert min(t for t, _ in warm) < cold, (cold, warm)
     for prompt, (_, text) in zip(prompts[1:], warm):
         again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)

@@ -171,3 +171,22 @@ def test_a_prompt_of_token_ids_equals_its_text(tiny_server, tiny_ckpts, prompts)
     assert by_ids.usage.prompt_tokens == len(target_ids)
     with pytest.raises(openai.BadRequestError, match="outside the target vocabulary"):
         client.completions.create(model="tiny", prompt=[10 ** 9], max_tokens=4)
+
+
+def test_a_shared_prefix_hits_the_drafts_prefix_cache_too(tiny_server, tiny_llm, tiny_ckpts):
+    """Fixed k here, so every request drafts and its draft reads its prompt: a second prompt sharing a prefix finds
+    the draft's own tokens of that prefix cached (the TLI draft re-tokenizes the text), as the target finds its
+    own; the texts stay those of LLM.generate."""
+    client = tiny_server.client()
+    prefix = " ".join(gsm8k_questions(2, start=400))[:300]
+    prompts = [f"{prefix} {q[:40]}" for q in gsm8k_questions(2, start=410)]
+    hits = 'anydraft:prefix_cache_hits_total{cache="%s"'
+    before = {c: tiny_server.metric(hits % c) for c in ("target", "draft")}
+    texts = [client.completions.create(model="tiny", prompt=p, max_tokens=6, temperature=0).choices[0].text
+             for p in prompts]
+    gained = {c: tiny_server.metric(hits % c) - before[c] for c in ("target", "draft")}
+    prefix_tokens = len(tokenizer_of(tiny_ckpts.qwen3_target).encode(prefix))
+    assert prefix_tokens >= 48 and gained["target"] >= prefix_tokens - 32, (gained, prefix_tokens)
+    assert gained["draft"] >= 16, gained     # at least one full block of the draft's own ids
+    params = SamplingParams(temperature=0, max_tokens=6)
+    assert texts == [o.outputs[0].text for o in tiny_llm.generate(prompts, params)]
