@@ -14,7 +14,7 @@ from .request import Request
 from .scheduler import Scheduler
 from .spec_decode.adaptive import AdaptiveSpeculation
 from .spec_decode.calibration import calibrate_target_cost
-from .spec_decode.proposer import Proposal, Proposer, SamplingBatch
+from .spec_decode.proposer import Proposal, Proposer, SamplingBatch, draft_runner
 from .spec_decode.sampling import RowRandom
 from .spec_decode.target_step import TargetStep, host_logprobs, logprob_width
 from .spec_decode.verify import VerifyOutput
@@ -111,7 +111,7 @@ class Engine:
 
     def kv_pools(self) -> dict:
         """The block pools to report: the target's, and the draft's where it has a KV cache of its own."""
-        runner = getattr(self.proposer, "runner", None)
+        runner = draft_runner(self.proposer)
         return {"target": self.target.cache.pool, **({"draft": runner.cache.pool} if runner is not None else {})}
 
     def load_summary(self) -> str:

@@ -12,7 +12,7 @@ from .model.loader import DEFAULT_TARGET, resolve_model_path
 from .model.runner import ModelRunner
 from .outputs import CompletionOutput, RequestOutput, logprob_dicts
 from .spec_decode.factory import build_proposer
-from .spec_decode.proposer import NoDraftProposer
+from .spec_decode.proposer import NoDraftProposer, draft_runner
 from .tokenizer import Tokenizer
 
 
@@ -98,7 +98,7 @@ class LLM:
     @property
     def draft_runner(self) -> ModelRunner | None:
         """The draft model's runner, where the draft is a model with a KV cache of its own."""
-        return getattr(self.proposer, "runner", None)
+        return draft_runner(self.proposer)
 
     def generate(self, prompts: Prompt | list[Prompt], sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  progress=None) -> list[RequestOutput]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from .model.kv_cache import BLOCK_TOKENS, CacheFull, KVCache
+from .model.kv_cache import BLOCK_TOKENS, KVCache
 
 
 @dataclass
@@ -78,15 +78,11 @@ class Scheduler:
         are preempted while the pool cannot hold that."""
         decoding, lengths, t = self.decoding, self.cache.lengths, self.tokens_per_decode
         decode = [r for r in self.running.values() if r.row in decoding]
-        while decode:
-            try:
-                self.cache.reserve([r.row for r in decode], [lengths[r.row] + t for r in decode])
-                break
-            except CacheFull:
-                newest = list(self.running.values())[-1]
-                self._preempt(newest, preempted)
-                if newest in decode:
-                    decode.remove(newest)
+        while decode and not self.cache.try_reserve([r.row for r in decode], [lengths[r.row] + t for r in decode]):
+            newest = list(self.running.values())[-1]
+            self._preempt(newest, preempted)
+            if newest in decode:
+                decode.remove(newest)
         return decode
 
     def _fit_chunk(self, request, want: int) -> int:
@@ -106,10 +102,9 @@ class Scheduler:
         scoring = request.params.prompt_logprobs is not None and not request.resuming
         hit = self.cache.attach_prefix(row, wanted, 0 if scoring else len(wanted) - 1, count=False)
         n = min(len(wanted) - hit, budget)
-        if not self.cache.can_reserve([row], [hit + n]):
+        if not self.cache.try_reserve([row], [hit + n]):
             self.cache.reset(row)
             return 0
-        self.cache.reserve([row], [hit + n])
         if self.cache.prefix_caching:
             self.cache.pool.count_lookup(len(wanted), hit)
         self.free_rows.pop()

@@ -59,7 +59,7 @@ class KVCache:
         self.device = torch.device(device)
         self.lengths = [0] * max_batch    # host-side: known without a device sync
         self.tables: list[list[int]] = [[] for _ in range(max_batch)]
-        self.held = [0] * max_batch      # blocks in each row's table
+        self.held = [0] * max_batch      # len(tables[row]), kept so that per-row work makes no call
         # Leading blocks of each row that may be shared or cached (a prefix hit, a publish): a write there must copy
         # or forget its block first. Past them a row's blocks are its own, so a decode step needs no check per block.
         self.guarded = [0] * max_batch
@@ -114,13 +114,13 @@ class KVCache:
     def _copies(self, slow: list[tuple[int, int]]) -> int:
         return sum(self.pool.is_shared(self.tables[row][i]) for row, end in slow for i in self._rewritten(row, end))
 
-    def blocks_needed(self, rows: list[int], ends: list[int]) -> int:
-        """Blocks the pool must hand out for rows[i] to hold positions [0, ends[i]), written from its length on."""
-        grow, slow = self._growth(rows, ends)
-        return grow + (self._copies(slow) if slow else 0)
-
-    def can_reserve(self, rows: list[int], ends: list[int]) -> bool:
-        return self.blocks_needed(rows, ends) <= self.pool.num_free
+    def try_reserve(self, rows: list[int], ends: list[int]) -> bool:
+        """reserve(), or False, changing nothing, where the pool is short."""
+        try:
+            self.reserve(rows, ends)
+        except CacheFull:
+            return False
+        return True
 
     def reserve(self, rows: list[int], ends: list[int]) -> None:
         """Make each row able to write positions [length, end): new blocks past its table, and its own copy of a

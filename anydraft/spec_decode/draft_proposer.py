@@ -167,8 +167,7 @@ class DraftModelProposer:
         for row in rows:
             draft_ids = states[row].draft_ids
             start = cache.attach_prefix(row, draft_ids, len(draft_ids) - 1)
-            if start < len(draft_ids) - 1 and cache.can_reserve([row], [len(draft_ids) - 1]):
-                cache.reserve([row], [len(draft_ids) - 1])
+            if start < len(draft_ids) - 1 and cache.try_reserve([row], [len(draft_ids) - 1]):
                 prefill_rows.append(row)
                 pieces.append(draft_ids[start:-1])
         if prefill_rows:
@@ -183,13 +182,11 @@ class DraftModelProposer:
         (the draft's tokens per target token above what its pool was sized for)."""
         cache = self.runner.cache
         ends = [n + k - 1 for n in map(len, draft_id_lists)]
-        if max(ends) <= cache.max_len and cache.can_reserve(rows, ends):
-            cache.reserve(rows, ends)
+        if max(ends) <= cache.max_len and cache.try_reserve(rows, ends):
             return None
         live = []
         for i, (row, end) in enumerate(zip(rows, ends)):
-            if end <= cache.max_len and cache.can_reserve([row], [end]):
-                cache.reserve([row], [end])
+            if end <= cache.max_len and cache.try_reserve([row], [end]):
                 live.append(i)
         return live
 

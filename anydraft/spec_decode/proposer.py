@@ -102,6 +102,12 @@ class Proposer(Protocol):
         """The request left; its row may be reused."""
 
 
+def draft_runner(proposer):
+    """The draft model's ModelRunner where the proposer runs one with a KV cache of its own (draft model, SLEM),
+    else None (no draft; hidden-state drafters keep their caches inside)."""
+    return getattr(proposer, "runner", None)
+
+
 class NoDraftProposer:
     """Proposes nothing (k = 0): the step then degenerates to target-alone decoding, same code path."""
 
