@@ -10,6 +10,8 @@ from .cache_budget import parse_bytes
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)   # a larger temperature is inf on the device
 MAX_LOGPROBS = 20   # top alternatives a request may ask for per token (OpenAI's cap)
+MAX_PENALTY = 2.0   # the largest presence / frequency penalty magnitude (OpenAI's range)
+MAX_LOGIT_BIAS = 100.0   # the largest logit bias magnitude (OpenAI's range)
 
 VOCAB_MODES = ("auto", "identity", "tli", "d2t", "slem")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -63,6 +65,15 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """Return each prompt token's log-probability (the first has none) and this many top alternatives (0..20);
     such a prompt skips the prefix cache. With it max_tokens may be 0 (score the prompt only). None: none."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the output already holds, in [-2, 2] (OpenAI's definition)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the output holds it, in [-2, 2] (OpenAI's definition)."""
+    repetition_penalty: float = 1.0
+    """A token seen in the prompt or output gets its logit divided by this where positive, multiplied where
+    negative (vLLM's and HF's definition; > 0, 1 = off)."""
+    logit_bias: dict[int, float] | None = None
+    """Target token id -> a bias in [-100, 100] added to its logit before the penalties (OpenAI's logit_bias)."""
 
     def __post_init__(self):
         if not (math.isfinite(self.temperature) and 0 <= self.temperature <= FLOAT32_MAX):
@@ -87,6 +98,21 @@ class SamplingParams:
                                                         or self.num_speculative_tokens < 0):
             raise ValueError(f"num_speculative_tokens must be an integer >= 0 (0 = no speculation for this request) "
                              f"or None, got {self.num_speculative_tokens!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and -MAX_PENALTY <= value <= MAX_PENALTY):
+                raise ValueError(f"{name} must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (0 = off), "
+                                 f"got {value!r}")
+        if not (isinstance(self.repetition_penalty, (int, float)) and 0 < self.repetition_penalty <= FLOAT32_MAX):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty!r}")
+        if self.logit_bias is not None:
+            self.logit_bias = dict(self.logit_bias)
+            for target_id, bias in self.logit_bias.items():
+                if not isinstance(target_id, int) or isinstance(target_id, bool) or target_id < 0:
+                    raise ValueError(f"logit_bias keys must be target token ids (integers >= 0), got {target_id!r}")
+                if not (isinstance(bias, (int, float)) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                    raise ValueError(f"logit_bias values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
+                                     f"{MAX_LOGIT_BIAS:g}], got {bias!r} for token {target_id}")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
@@ -94,6 +120,18 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty or a logit bias changes the target's logits (TargetStep then computes them all)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
+
+    @staticmethod
+    def any_penalized(params: list["SamplingParams"]) -> bool:
+        """Whether some one is `penalized`, in a constant number of calls (asked of every decode step's batch)."""
+        return any([p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0 or p.logit_bias
+                    for p in params])
 
     @staticmethod
     def all_greedy(params: list["SamplingParams"]) -> bool:

@@ -80,6 +80,10 @@ class Engine:
             prompt = self.tokenizer.decode(prompt_target_ids)
         if not prompt_target_ids:
             raise ValueError("prompt is empty; give at least one token of text")
+        outside = [i for i in params.logit_bias or {} if i >= self.tokenizer.vocab_size]
+        if outside:
+            raise ValueError(f"logit_bias has ids outside the target vocabulary [0, {self.tokenizer.vocab_size}): "
+                             f"{outside[:5]}")
         refusal = getattr(self.proposer, "sampling_refusal", None)
         if refusal and not params.greedy:
             raise ValueError(refusal)
@@ -191,7 +195,8 @@ class Engine:
         sampling = self.target_step.sampling_batch(step_requests)
         k = self.k if self.speculation is None else self._choose_k(step_requests)            # 0 = plain decode
         t_chosen = time.perf_counter()   # the parts priced for k are timed from here: pricing is not k's cost
-        sampling = self.target_step.couple(sampling, k, step_requests)                    # noise keys, or as is
+        penalties = self.target_step.penalties(step_requests)                             # None: no row has any
+        sampling = self.target_step.couple(sampling, k, step_requests, penalties)         # noise keys, or as is
         drafting = self._drafting_rows(rows, sampling, k)                                 # all, or a probe's one
         read_tokens = self.proposer.unread_tokens(drafting) if k and self.speculation is not None else 0
         proposal = self._propose(rows, drafting, sampling, k)                             # [B, k] target ids
@@ -199,7 +204,7 @@ class Engine:
         t1 = time.perf_counter()
         num_top = logprob_width(step_requests)                          # None: no row asks for logprobs
         target_out, logits = self.target_step.forward(rows, [self.last_target_id[r] for r in rows], proposal,
-                                                      sampling, row_drafts, logprobs=num_top is not None)
+                                                      sampling, row_drafts, num_top is not None, penalties)
         t2 = time.perf_counter()
         verdict = self.target_step.verify(target_out, proposal, sampling, row_drafts)
         packed = None if num_top is None else self.target_step.emitted_logprobs(logits, verdict, num_top)

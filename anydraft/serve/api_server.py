@@ -216,7 +216,8 @@ async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, pr
         requests = [engine.new_request(prompt, body.sampling_params(1 if max_tokens is None else max_tokens, i),
                                        prompt_ids) for i in range(body.n)]
     except ValueError as e:
-        raise ApiError(400, str(e), "messages" if chat else "prompt") from e
+        raise ApiError(400, str(e), "logit_bias" if str(e).startswith("logit_bias")
+                       else "messages" if chat else "prompt") from e
     echo = None if chat or not body.echo else (requests[0].prompt, requests[0].prompt_target_ids)
     reply = _Reply(state.config.served_model_name, chat, {r.request_id: i for i, r in enumerate(requests)},
                    len(prompt_ids), state.tokenizer, bool(body.logprobs if chat else body.logprobs is not None), echo)

@@ -2,9 +2,9 @@
 
 Unknown fields are ignored (as vLLM does), known fields are type-checked: a wrong type is a 400 with the
 field's name. Every text field must be valid Unicode (a lone UTF-16 surrogate such as "\\udcff" cannot be
-tokenized or encoded as UTF-8), every number finite. Options the engine does not implement (penalties,
-logit_bias, suffix, tools, image parts...) are refused with a 400 saying so, never silently ignored. `top_k` and
-`ignore_eos` are vLLM's extensions, accepted here too. Logprobs: completions' `logprobs` (top-n per token) and
+tokenized or encoded as UTF-8), every number finite. Options the engine does not implement (suffix, tools,
+image parts...) are refused with a 400 saying so, never silently ignored. `top_k`, `ignore_eos` and
+`repetition_penalty` are vLLM's extensions, accepted here too; `logit_bias` keys are target token ids. Logprobs: completions' `logprobs` (top-n per token) and
 `echo` (the prompt's own logprobs first; max_tokens 0 with echo scores the prompt only), chat's `logprobs` and
 `top_logprobs`; each at most 20 alternatives.
 """
@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import FLOAT32_MAX, MAX_LOGPROBS, SamplingParams
+from ..config import FLOAT32_MAX, MAX_LOGPROBS, MAX_PENALTY, SamplingParams
 from ..tokenizer import check_text
 
 
@@ -112,15 +112,13 @@ class _SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
-    presence_penalty: float = Field(0.0, allow_inf_nan=False)
-    frequency_penalty: float = Field(0.0, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0, le=FLOAT32_MAX, allow_inf_nan=False)   # vLLM's extra
     logit_bias: dict[str, float] | None = None
     user: Text | None = None
 
     def refuse_unsupported(self) -> None:
-        for name in ("presence_penalty", "frequency_penalty", "logit_bias"):
-            if getattr(self, name):
-                raise ApiError(400, f"{name} is not supported by this server; leave it out (or send 0 / null)", name)
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
 
@@ -130,6 +128,8 @@ class _SamplingRequest(BaseModel):
         try:
             return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
                                   max_tokens=max_tokens, seed=seed, stop=self.stop, ignore_eos=self.ignore_eos,
+                                  presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                                  repetition_penalty=self.repetition_penalty, logit_bias=self.target_logit_bias(),
                                   **self.logprob_params(max_tokens))
         except ValueError as e:   # SamplingParams' messages start with the field's name
             name = str(e).split(" ", 1)[0]
@@ -138,6 +138,18 @@ class _SamplingRequest(BaseModel):
     def logprob_params(self, max_tokens: int) -> dict:
         """SamplingParams' logprobs and prompt_logprobs for this request."""
         return {}
+
+    def target_logit_bias(self) -> dict[int, float] | None:
+        """logit_bias with its keys as target token ids (OpenAI sends them as strings of integers)."""
+        if not self.logit_bias:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            if not key.strip().lstrip("+-").isdigit():
+                raise ApiError(400, f"logit_bias keys must be target token ids (strings of integers), got {key!r}",
+                               "logit_bias")
+            bias[int(key)] = value
+        return bias
 
     @property
     def max_tokens_field(self) -> str:

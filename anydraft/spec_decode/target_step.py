@@ -5,6 +5,10 @@ A batch with no sampled row is greedy (`sampling_batch` returns None): the targe
 compares them. A sampled batch either draws the target's own tokens with the step's noise keys (coupled, where the
 target samples natively: the drafts are accepted iff equal) or goes through probabilities and rejection sampling.
 
+Where a row has penalties or a logit bias (spec_decode/penalties.py) the target's logits at every position are
+computed and penalized with the counts that position sees (the drafts before it included), and the argmax or the
+rejection sampling reads those: never coupled draws, which sample the raw logits.
+
 Where a row asks for logprobs the target's logits at the verified positions are computed (greedy ids then come from
 their argmax, the same ids as the argmax-only head's) and the emitted tokens' raw logprobs taken from them
 (spec_decode/logprobs.py): no extra forward, and the values are the target's whatever was drafted.
@@ -19,6 +23,7 @@ from ..config import SamplingParams
 from ..model.runner import ModelRunner, token_places
 from ..tensors import greedy_argmax, host_to_device
 from .logprobs import pack, token_logprobs, unpack
+from .penalties import PenaltyBatch, penalize, penalty_batch
 from .proposer import Proposal, Proposer, SamplingBatch
 from .sampling import draw_keys, draw_noise, draw_uniforms, logits_to_probs, sample_from_probs
 from .truncated_draws import draw_truncated
@@ -53,17 +58,18 @@ class TargetStep:
         """Each request's first token from the target's hidden state at its last prompt token [A, 1, hidden], and
         the logprob entry of it for those that ask (row index -> [entry]). Host values, in one transfer: a step that
         admits requests syncs here too, since the draft must see that token first."""
-        sampling, num_top = self.sampling_batch(requests), logprob_width(requests)
-        logits = None if num_top is None else self.target.logits(last_hidden)                   # [A, 1, V]
+        sampling, num_top, penalties = self.sampling_batch(requests), logprob_width(requests), self.penalties(requests)
+        wants_logits = num_top is not None or penalties is not None
+        logits = self.target.logits(last_hidden) if wants_logits else None                    # [A, 1, V]
         if sampling is None:
-            ids = self.target.greedy_ids(last_hidden) if logits is None else greedy_argmax(logits)
-        elif self.samples_natively(sampling):
+            ids = self.target.greedy_ids(last_hidden) if logits is None else greedy_argmax(penalize(logits, penalties))
+        elif self.samples_natively(sampling) and penalties is None:
             keys = self.noise_keys(sampling, requests, 1)                                    # [A, 1]
             ids = self.target_draws(last_hidden, sampling, sampling.temperature, keys)
         else:
             logits = self.target.logits(last_hidden) if logits is None else logits
-            target_probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                                           sampling.any_greedy)                               # [A, 1, V_target]
+            target_probs = logits_to_probs(penalize(logits, penalties), sampling.temperature, sampling.top_k,
+                                           sampling.top_p, sampling.any_greedy)               # [A, 1, V_target]
             uniforms = draw_uniforms(sampling.randoms, 1, target_probs.device)             # [A, 1]
             ids = sample_from_probs(target_probs, uniforms).reshape(-1, 1)
         if num_top is None:
@@ -112,8 +118,8 @@ class TargetStep:
             at += len(target)
 
     def forward(self, rows: list[int], last_target_ids: list[int], proposal: Proposal,
-                sampling: SamplingBatch | None, row_drafts: list[int], logprobs: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                sampling: SamplingBatch | None, row_drafts: list[int], logprobs: bool = False,
+                penalties: PenaltyBatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target over [last verified token, the row's drafts]: its greedy ids [B, k+1] when every row is greedy
         (the runner need not compute all logits for an argmax); with nothing drafted, its drawn ids [B, 1] where the
         runner samples natively (nor does a draw need them); else its logits [B, k+1, V_target]. A row that drafts
@@ -121,12 +127,18 @@ class TargetStep:
         probe at batch 64 verified 64 x (k+1) tokens for the k of one row. Positions past a row's drafts hold
         nothing that verification reads (ids 0, or the logits of a zero state).
         Also returns the target's logits [B, k+1, V_target] where `logprobs` (some row asks for them; greedy ids then
-        are their argmax, the head's argmax rule) or where verification reads them anyway, else None."""
+        are their argmax, the head's argmax rule) or where verification reads them anyway, else None.
+        With penalties, the greedy ids or the logits verification reads are the penalized ones (the raw logits are
+        returned beside them, for logprobs)."""
         last = host_to_device([[t] for t in last_target_ids], self.target.device, torch.long)
         target_input = torch.cat([last, proposal.draft_target_ids.to(self.target.device)], dim=1)   # [B, k+1]
         width = target_input.shape[1]
         num_new = None if row_drafts.count(width - 1) == len(row_drafts) else [n + 1 for n in row_drafts]
         hidden = self.target.forward(rows, target_input, num_new)                                  # [B, k+1, hidden]
+        if penalties is not None:   # every position's logits, penalized (never coupled: see couple)
+            logits = self.target.logits(hidden)
+            penalized = penalize(logits, penalties, proposal.draft_target_ids)
+            return (greedy_argmax(penalized) if sampling is None else penalized), logits
         if sampling is not None and sampling.keys is None:
             logits = self.target.logits(hidden)
             return logits, logits
@@ -177,7 +189,8 @@ class TargetStep:
             top_p = None if top_p is None else top_p.repeat_interleave(repeats)
         return draw_truncated(self.target, hidden, temperature, keys, top_k, top_p, sampling.top_k_max)
 
-    def couple(self, sampling: SamplingBatch | None, k: int, requests: list) -> SamplingBatch | None:
+    def couple(self, sampling: SamplingBatch | None, k: int, requests: list,
+               penalties: PenaltyBatch | None = None) -> SamplingBatch | None:
         """Coupled draws where both sides can (a native sampling head on the target, a proposer that draws with the
         same noise, or nothing drafted): the target draws its own token at each of the k+1 positions (Gumbel-max,
         the noise of a row's output position n from its key n, `draw_keys`) and a draft is accepted iff it equals the
@@ -186,8 +199,9 @@ class TargetStep:
         after its true prefix. Each emitted token is then argmax(logits / T + noise of key n) after the same prefix
         as the target alone's: a seeded request samples its text token for token, whatever k and batch.
         No probabilities on either side (a top-k / top-p cut reads the head's largest or all logits: truncated_draws).
-        Else (greedy rows, other heads or proposers) rejection sampling, whose seeded output depends on the drafts."""
-        if sampling is None or not self.samples_natively(sampling):
+        Else (greedy rows, penalties, other heads or proposers) rejection sampling, whose seeded output depends on
+        the drafts."""
+        if sampling is None or not self.samples_natively(sampling) or penalties is not None:
             return sampling
         if k and not getattr(self.proposer, "couples_draws", False):
             return sampling
@@ -213,6 +227,12 @@ class TargetStep:
         return verify_sampling(target_probs, proposal.draft_probs.to(target_probs), proposal.draft_target_ids,
                                uniforms.to(target_probs.dtype), token_uniforms, num_draft_tokens,
                                proposal.draft_columns, proposal.column_to_target)
+
+    def penalties(self, requests: list) -> PenaltyBatch | None:
+        """The penalties and logit biases of the requests, or None when none has any (checked in constant calls)."""
+        if not SamplingParams.any_penalized([r.params for r in requests]):
+            return None
+        return penalty_batch(requests, self.target.head_rows, self.target.device)
 
     def sampling_batch(self, requests: list) -> SamplingBatch | None:
         params = [r.params for r in requests]
