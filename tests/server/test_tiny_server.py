@@ -190,3 +190,23 @@ def test_a_shared_prefix_hits_the_drafts_prefix_cache_too(tiny_server, tiny_llm,
     assert gained["draft"] >= 16, gained     # at least one full block of the draft's own ids
     params = SamplingParams(temperature=0, max_tokens=6)
     assert texts == [o.outputs[0].text for o in tiny_llm.generate(prompts, params)]
+
+
+def test_penalties_and_logit_bias_reach_the_engine(tiny_server, tiny_llm, prompts):
+    """OpenAI's penalty fields, vLLM's repetition_penalty and a logit bias (string token ids) give the texts of
+    LLM.generate with the same SamplingParams, streamed and whole; they differ from the unpenalized text."""
+    client = tiny_server.client()
+    fields = dict(presence_penalty=1.5, frequency_penalty=1.0)
+    extra = {"repetition_penalty": 1.3, "ignore_eos": True}
+    bias = {"13": 100.0, "11": -100.0}
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, repetition_penalty=1.3,
+                            logit_bias={13: 100.0, 11: -100.0}, **fields)
+    expected = tiny_llm.generate(prompts[:2], params)
+    plain = tiny_llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    for prompt, out, unpenalized in zip(prompts, expected, plain):
+        whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0, logit_bias=bias,
+                                          extra_body=extra, **fields)
+        text, _, _ = _stream_text(client, model="tiny", prompt=prompt, max_tokens=16, temperature=0,
+                                  logit_bias=bias, extra_body=extra, **fields)
+        assert whole.choices[0].text == text == out.outputs[0].text != unpenalized.outputs[0].text
+        assert 13 in out.outputs[0].token_ids and 11 not in out.outputs[0].token_ids
