@@ -56,8 +56,10 @@ def test_stale_counts_differ_from_the_reference():
     logits = torch.randn(1, 4, VOCAB, dtype=torch.float64)
     drafts = torch.tensor([[6, 6, 6]])
     r = request([], [1], frequency_penalty=1.0)
-    stale = penalize(logits, penalty_batch([r], VOCAB, torch.device("cpu")))
-    assert not torch.allclose(stale[0, 3], reference(logits[0, 3], [6, 6, 6], [1], r.params))
+    batch = penalty_batch([r], VOCAB, torch.device("cpu"))
+    expected = reference(logits[0, 3], drafts[0].tolist(), [1], r.params)
+    assert not torch.allclose(penalize(logits, batch)[0, 3], expected)   # stale: drafts left out
+    torch.testing.assert_close(penalize(logits, batch, drafts)[0, 3], expected, rtol=0, atol=1e-12)
 
 
 def test_unpenalized_rows_and_padding_stay_as_they_are():
