@@ -21,11 +21,19 @@ SMALL_WEIGHT_ELEMENTS = 1 << 20
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
-    """Packing pays off (and is exact) for bf16 on a CPU whose torch build has oneDNN."""
+    """Packing pays off (and is exact) for bf16 on a CPU whose torch build has oneDNN and whose instructions its
+    bf16 linear needs (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: on an AVX2-only CPU it refuses to pack)."""
     return (torch.device(device).type == "cpu" and dtype == torch.bfloat16
             and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and onednn_bf16_linear_supported())
+
+
+def onednn_bf16_linear_supported() -> bool:
+    """Whether this CPU has the instructions oneDNN's bf16 linear requires (its own error message names them)."""
+    from .native_extension import cpu_has   # imported here: native_extension imports this module
+    return cpu_has("avx_ne_convert") or all(cpu_has(f) for f in ("avx512bw", "avx512vl", "avx512dq"))
 
 
 class PackedLinear(nn.Module):
