@@ -12,8 +12,7 @@ from .model.runner import ModelRunner
 from .output_processor import OutputProcessor
 from .request import Request
 from .scheduler import Scheduler
-from .spec_decode.adaptive import AdaptiveSpeculation
-from .spec_decode.calibration import calibrate_target_cost
+from .spec_decode.policy import AdaptiveK, BatchView, FixedK, SpeculationPolicy, StepRecord
 from .spec_decode.proposer import Proposal, Proposer, SamplingBatch, draft_runner
 from .spec_decode.sampling import RowRandom
 from .spec_decode.target_step import TargetStep, host_logprobs, logprob_width
@@ -32,13 +31,15 @@ class Engine:
     """
 
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, proposer: Proposer, max_model_len: int,
-                 max_num_batched_tokens: int | None = None, adaptive: bool = False, prefix_caching: bool = True):
+                 max_num_batched_tokens: int | None = None, adaptive: bool = False, prefix_caching: bool = True,
+                 policy: SpeculationPolicy | None = None):
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.target_step = TargetStep(target, proposer)   # greedy vs sampled rows, target forward, verification
         self.k = proposer.num_speculative_tokens   # the most tokens a step drafts
-        # Adaptive: each step drafts 0..k tokens, whichever maximises expected tokens per second.
-        self.speculation = (AdaptiveSpeculation(self.k, draft_forwards=proposer.draft_forwards)
-                            if adaptive and self.k else None)
+        # How many of them each step drafts: adaptive picks 0..k for the most expected tokens per second.
+        if policy is None:
+            policy = AdaptiveK(self.k, proposer.draft_forwards) if adaptive and self.k else FixedK(self.k)
+        self.policy = policy
         # Prompt + output tokens per request. The target cache holds all but the last of them plus the k+1 of a
         # verification forward, so it needs max_model_len + k entries (LLM allocates that): then speculative
         # and target-alone decoding stop at the same length.
@@ -53,9 +54,6 @@ class Engine:
         self.last_target_id: dict[int, int] = {}         # row -> the one token not yet in the target cache
         self.stats = SpecStats(self.k)
         self._next_id = itertools.count()
-        self._probe_row: int | None = None  # the row one-row probes draft for while it decodes
-        if self.speculation is not None:
-            calibrate_target_cost(self.speculation, self.target, self.tokenizer, self.k, self.max_model_len)
 
     @property
     def running(self) -> dict[int, Request]:
@@ -92,7 +90,8 @@ class Engine:
                              f"{self.max_model_len} (prompt and output together); raise max_model_len or shorten "
                              f"the prompt")
         return Request(next(self._next_id), prompt, prompt_target_ids, params, RowRandom(params.seed),
-                       SpecStats(self.k), self.output.start(params, len(prompt_target_ids)))
+                       SpecStats(self.k), self.output.start(params, len(prompt_target_ids)),
+                       output_budget=min(params.max_tokens, self.max_model_len - len(prompt_target_ids)))
 
     def add_request(self, prompt: str | None, params: SamplingParams,
                     prompt_target_ids: list[int] | None = None) -> Request:
@@ -193,13 +192,13 @@ class Engine:
         rows = [r.row for r in step_requests]
         t0 = time.perf_counter()
         sampling = self.target_step.sampling_batch(step_requests)
-        k = self.k if self.speculation is None else self._choose_k(step_requests)            # 0 = plain decode
-        t_chosen = time.perf_counter()   # the parts priced for k are timed from here: pricing is not k's cost
+        batch = self._batch_view(step_requests, rows, sampling)
+        k = self.policy.plan(batch).k                                                     # 0 = plain decode
+        t_planned = time.perf_counter()   # the parts a plan prices are timed from here: planning is not k's cost
         penalties = self.target_step.penalties(step_requests)                             # None: no row has any
         sampling = self.target_step.couple(sampling, k, step_requests, penalties)         # noise keys, or as is
-        drafting = self._drafting_rows(rows, sampling, k)                                 # all, or a probe's one
-        read_tokens = self.proposer.unread_tokens(drafting) if k and self.speculation is not None else 0
-        proposal = self._propose(rows, drafting, sampling, k)                             # [B, k] target ids
+        target_states = self.target.take_hidden_states()   # what a hidden-state draft reads ([] for others)
+        proposal = self.proposer.propose(rows, sampling, k, target_states)                # [B, k] target ids
         row_drafts = self._row_drafts(step_requests, proposal)                            # per row, may cap
         t1 = time.perf_counter()
         num_top = logprob_width(step_requests)                          # None: no row asks for logprobs
@@ -213,16 +212,28 @@ class Engine:
         self.proposer.observe(rows, num_accepted, new_target_ids)
         self._record(step_requests, row_drafts, num_accepted, new_target_ids, logprobs)
         t3 = time.perf_counter()
-        if self.speculation is not None:
-            self.speculation.observe_step(len(rows), k, num_accepted, t1 - t_chosen, t2 - t1, t3 - t2,
-                                          row_drafts, len(rows) + sum(row_drafts), len(drafting), read_tokens,
-                                          self.proposer.later_draft_seconds if k else None)
+        self.policy.observe(StepRecord(
+            batch, k, row_drafts, num_accepted, None if sampling is None else [r is not None for r in sampling.randoms],
+            draft_seconds=t1 - t_planned, later_draft_seconds=self.proposer.later_draft_seconds if k else 0.0,
+            target_seconds=t2 - t1, host_seconds=t3 - t2, read_tokens=batch.unread_tokens if k else 0))
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             stats.other_seconds += t3 - t2
         return step_requests
+
+    def _batch_view(self, requests: list[Request], rows: list[int], sampling: SamplingBatch | None) -> BatchView:
+        """What the policy sees of the step: rows, sampled rows, the text the draft has yet to read and (only where
+        there is some: it is spread over them) the tokens the rows may still write, within max_model_len."""
+        sampled = 0 if sampling is None else len(sampling.randoms) - sampling.randoms.count(None)
+        unread = self.proposer.unread_tokens(rows) if self.k else 0
+        if not unread:
+            return BatchView(len(rows), sampled)
+        left = 0
+        for r in requests:   # no call per row (tests/engine/test_host_calls.py)
+            left += r.output_budget - r.stats.num_emitted
+        return BatchView(len(rows), sampled, unread, left / len(rows))
 
     @staticmethod
     def _row_drafts(requests: list[Request], proposal: Proposal) -> list[int]:
@@ -234,48 +245,6 @@ class Engine:
         if not width or caps.count(None) == len(caps):
             return list(counts)
         return [n if cap is None or cap >= n else cap for n, cap in zip(counts, caps)]
-
-    def _choose_k(self, step_requests: list[Request]) -> int:
-        """Adaptive k for this step, told what the draft has yet to read and how many tokens the rows may still
-        write (their max_tokens left, within max_model_len)."""
-        rows = [r.row for r in step_requests]
-
-        def remaining() -> float:   # asked for only where the step is priced (a held plain step is not)
-            return sum(min(r.params.max_tokens - len(r.output_target_ids),
-                           self.max_model_len - len(r.prompt_target_ids) - len(r.output_target_ids))
-                       for r in step_requests) / len(rows)
-        return self.speculation.choose(len(rows), self.proposer.unread_tokens(rows), remaining)
-
-    def _drafting_rows(self, rows: list[int], sampling: SamplingBatch | None, k: int) -> list[int]:
-        """The rows the draft writes for: all, or for an adaptive probe one row, where the proposer allows and the
-        step verifies ids (greedy, or coupled draws: no draft probabilities to widen). A probe measures acceptance
-        and costs; the whole batch's draft catching up on its text made each cost several plain steps. The probe row
-        stays the same while it decodes: its draft then reads only the text since the last probe, where a new row
-        each time read a whole prompt and output first."""
-        coupled_or_greedy = sampling is None or sampling.keys is not None
-        if (not k or len(rows) == 1 or not coupled_or_greedy or self.speculation is None or not self.speculation.probing
-                or not getattr(self.proposer, "drafts_row_subsets", False)):
-            return rows
-        if self._probe_row not in rows:
-            self._probe_row = rows[0]
-        return [self._probe_row]
-
-    def _propose(self, rows: list[int], drafting: list[int], sampling: SamplingBatch | None, k: int) -> Proposal:
-        """The proposer's proposal for `drafting`, as one for all `rows`: the others propose nothing (count 0)."""
-        target_states = self.target.take_hidden_states()   # what a hidden-state draft reads ([] for others)
-        if len(drafting) == len(rows):
-            return self.proposer.propose(rows, sampling, k, target_states)
-        index = [rows.index(r) for r in drafting]
-        if sampling is not None:   # coupled draws: the drafting rows' settings, streams and noise keys
-            sampling = sampling.rows(index)
-        part = self.proposer.propose(drafting, sampling, k, target_states)       # ids only: no draft_probs
-        width = part.draft_target_ids.shape[1]
-        draft_target_ids = torch.zeros(len(rows), width, dtype=torch.long, device=part.draft_target_ids.device)
-        draft_target_ids[index] = part.draft_target_ids
-        counts = [0] * len(rows)
-        for i, n in zip(index, part.num_draft_tokens or [width] * len(drafting)):
-            counts[i] = n
-        return Proposal(draft_target_ids, None, num_draft_tokens=counts)                 # [B, width], ragged
 
     @staticmethod
     def _fetch_to_host(verdict: VerifyOutput, requests: list[Request], logprobs: torch.Tensor | None = None

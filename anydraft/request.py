@@ -31,6 +31,7 @@ class Request:
     # (re-prefilled, mostly from the prefix cache) before it decodes on from output[-1].
     resume_target_ids: list[int] | None = None
     num_preemptions: int = 0
+    output_budget: int = 0       # the most output tokens it may write: max_tokens, within max_model_len
     arrival: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     first_token_at: float = 0.0  # when the prompt's forward gave the first token (decode time is after it)

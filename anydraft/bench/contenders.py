@@ -18,6 +18,7 @@ from ..config import SamplingParams
 from ..engine import Engine
 from .. import metrics
 from ..metrics import SpecStats
+from ..spec_decode.policy import AdaptiveK
 
 
 class ContenderUnavailable(RuntimeError):
@@ -55,7 +56,7 @@ class EngineContender:
         self.engine, self.prompts, self.params = engine, prompts, params
         self.before_run = before_run
         self.k = engine.k if k is None else k
-        self.adaptive = engine.speculation is not None    # k is then the most a step drafts
+        self.adaptive = isinstance(engine.policy, AdaptiveK)    # k is then the most a step drafts
 
     def warm_up(self, group: list[int]) -> None:
         params = SamplingParams(temperature=self.params.temperature, max_tokens=min(16, self.params.max_tokens),

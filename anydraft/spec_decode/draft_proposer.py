@@ -86,10 +86,6 @@ class DraftModelProposer:
             pending = [draft_ids[lengths[row]:] for row, draft_ids in zip(rows, draft_id_lists)]
         return pending
 
-    # propose() may be given some of the running rows (an adaptive probe drafts for one): observe() then sees all
-    # of them, the others with nothing proposed, and they catch up when they next draft.
-    drafts_row_subsets = True
-
     @property
     def couples_draws(self) -> bool:
         """Whether _draft can draw with the step's noise keys (a native sampling head), the target's noise per

@@ -18,7 +18,6 @@ from ..vocab.frequency import (RankedHead, coverage_report, load_or_count, most_
                                specials_among)
 from ..vocab.mode_choice import SLEM_HEAD_COVERAGE, TliCoverage, choose_vocab_mode, slem_head_size, tli_coverage
 from ..vocab.resync import DraftResync
-from .calibration import CALIBRATION_TEXT
 from .draft_proposer import DraftModelProposer
 from .proposer import Proposer
 from .draft_vocab import DraftVocab, ResyncContextSync, SharedVocabSync
@@ -118,9 +117,15 @@ def _head_savings(runner: ModelRunner, flops_before: dict) -> dict:
             "draft_head_macs_saved_pct": round(100 * (1 - flops_after["head"] / flops_before["head"]), 2)}
 
 
+# Text both tokenizers encode to measure draft tokens per target token (GSM8K-shaped: words, numbers, arithmetic).
+SAMPLE_TEXT = ("The store sold 48 clips in April and half as many in May, so it sold 48 / 2 = 24 clips in "
+               "May and 48 + 24 = 72 clips in all. Each box holds 12 pencils; 5 boxes hold 5 * 12 = 60 pencils, "
+               "and after giving away 15 of them, 60 - 15 = 45 pencils are left. ")
+
+
 def draft_tokens_per_target_token(target_tokenizer: Tokenizer, draft_tokenizer: Tokenizer) -> float:
     """Draft tokens per target token over the same text (sizes the draft's KV pool beside the target's)."""
-    return len(draft_tokenizer.encode(CALIBRATION_TEXT)) / max(len(target_tokenizer.encode(CALIBRATION_TEXT)), 1)
+    return len(draft_tokenizer.encode(SAMPLE_TEXT)) / max(len(target_tokenizer.encode(SAMPLE_TEXT)), 1)
 
 
 def build_proposer(spec: SpeculativeConfig, target: TargetSide, target_tokenizer: Tokenizer,

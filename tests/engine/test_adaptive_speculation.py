@@ -7,11 +7,15 @@ import random
 import pytest
 
 from anydraft.config import SamplingParams
-from anydraft.spec_decode.adaptive import AdaptiveSpeculation
-from anydraft.spec_decode.estimates import MedianCost, ReadCost
-from anydraft.spec_decode.calibration import calibrate_target_cost
+from anydraft.spec_decode.policy import AdaptiveK, StepPlan
 
 from tiny_models import reference_greedy
+
+
+def script_plans(monkeypatch, llm, choose) -> None:
+    """The policy's plans come from choose(batch) -> k: a stand-in covering any choice the cost model may make."""
+    monkeypatch.setattr(llm.engine.policy, "plan", lambda batch: StepPlan(choose(batch)))
+
 
 PAIRS = [("tli", "qwen3_target", "llama2_draft"), ("identity_partial", "smollm2_target", "smollm2_noisy_draft")]
 
@@ -23,10 +27,10 @@ def random_k(monkeypatch):
         chooser = random.Random(seed)
         choices = []
 
-        def choose(rows: int, *reading) -> int:
+        def choose(batch) -> int:
             choices.append(chooser.randint(0, llm.engine.k))
             return choices[-1]
-        monkeypatch.setattr(llm.engine.speculation, "choose", choose)
+        script_plans(monkeypatch, llm, choose)
         return choices
     return install
 
@@ -66,7 +70,7 @@ def test_text_of_plain_steps_is_read_at_the_next_draft_as_if_read_at_once(ckpts,
 
     def run():
         steps = iter(([0] * 7 + [3, 1]) * 40)
-        monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows, *reading: next(steps))
+        script_plans(monkeypatch, llm, lambda batch: next(steps))
         outputs = llm.generate(prompts[:5], [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
         return [(o.outputs[0].token_ids, o.metrics["num_accepted"], o.metrics["num_drafted"]) for o in outputs]
 
@@ -87,99 +91,41 @@ def test_text_of_plain_steps_is_read_at_the_next_draft_as_if_read_at_once(ckpts,
         assert sum(accepted for _, accepted, _ in deferred) > 0
 
 
-def test_adaptive_choice_is_reported_and_learns_costs(ckpts, llms, prompts):
-    """With the cost model choosing (no stand-in), outputs stay exact and the k histogram says what it chose."""
+def test_adaptive_choice_is_reported_and_learns_costs_from_its_steps(ckpts, llms, prompts):
+    """With the cost model choosing (no stand-in), outputs stay exact, the k histogram says what it chose, and the
+    costs it priced with were measured on the run's own steps (nothing is timed at load)."""
     target_dir = ckpts.qwen3_target
     llm = llms.get(target_dir, ckpts.llama2_draft, k=4, max_num_seqs=4, adaptive=True)
+    policy = llm.engine.policy = AdaptiveK(4, llm.engine.proposer.draft_forwards)   # fresh: the LLM is shared
     outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=20))
     for prompt, out in zip(prompts, outputs):
         assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, 20)
-    speculation = llm.engine.speculation
-    assert speculation.target_cost.seconds(1) > 0          # calibrated at load, refreshed by steps
-    # Calibration times every size a step over one row or all rows (4) may verify, and leaves the caches empty.
-    engine = llm.engine
-    fresh = AdaptiveSpeculation(4)
-    calibrate_target_cost(fresh, engine.target, engine.tokenizer, 4, engine.max_model_len)
-    sizes = [rows * num_new for rows in (1, 4) for num_new in range(1, 6)]
-    assert {size: len(fresh.target_cost.samples[size]) for size in fresh.target_cost.estimates} == {
-        size: 3 * sizes.count(size) for size in sizes}   # three timed after a warm-up, for each forward of that size
-    assert all(engine.target.cache.length(row) == 0 for row in range(4))
+    costs = policy.costs[False]
+    steps = llm.stats.target_forwards
+    measured = sum(len(samples) for samples in costs.target.samples.values())
+    assert 0 < measured <= steps and all(v > 0 for v in costs.target.estimates.values())
+    assert costs.draft_first.estimates and not policy.costs[True].target.estimates   # greedy steps only
     histogram = llm.stats.k_histogram
-    assert sum(histogram.values()) == llm.stats.target_forwards and set(histogram) <= set(range(5))
+    assert sum(histogram.values()) == steps and set(histogram) <= set(range(5))
 
 
 def test_the_draft_times_its_further_forwards_apart(ckpts, llms, prompts, monkeypatch):
-    """The cost model is told, for every drafting step, the part of the proposal's seconds after its first draft
+    """The policy is told, for every drafting step, the part of the proposal's seconds after its first draft
     forward: within the proposal's seconds, and positive where the proposal ran further forwards (k >= 2)."""
     llm = llms.get(ckpts.qwen3_target, ckpts.llama2_draft, k=4, max_num_seqs=4, adaptive=True)
     chooser, seen = random.Random(1), []
-    monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows, *reading: chooser.randint(0, 4))
-    observe_step = llm.engine.speculation.observe_step
-
-    def record(rows, k, num_accepted, draft_seconds, *parts):
-        seen.append((k, draft_seconds, parts[-1]))
-        observe_step(rows, k, num_accepted, draft_seconds, *parts)
-    monkeypatch.setattr(llm.engine.speculation, "observe_step", record)
+    script_plans(monkeypatch, llm, lambda batch: chooser.randint(0, 4))
+    monkeypatch.setattr(llm.engine.policy, "observe", seen.append)
     llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=20))
-    assert {k for k, _, _ in seen} == set(range(5))
-    for k, draft_seconds, later in seen:
-        assert (later is None) == (k == 0)
-        if k:
-            assert 0.0 <= later < draft_seconds
-        if k >= 2:
-            assert later > 0.0
-
-
-@pytest.mark.parametrize("case, target, draft", BACKLOG_PAIRS, ids=[p[0] for p in BACKLOG_PAIRS])
-def test_one_row_probes_keep_every_row_in_step(ckpts, llms, prompts, monkeypatch, case, target, draft):
-    """A greedy probe drafts for one row of the batch (the same one while it decodes); the others propose nothing
-    that step and catch up on their text (and a joining row on its prompt) when they next draft. Every proposal
-    equals the draft's proposal from scratch on its row's sequence (no cache), and the output stays the target
-    alone's."""
-    from test_draft_sync import proposals_from_scratch
-    target_dir = getattr(ckpts, target)
-    llm = llms.get(target_dir, getattr(ckpts, draft), k=3, max_num_seqs=3, adaptive=True)
-    engine, speculation, proposer = llm.engine, llm.engine.speculation, llm.engine.proposer
-    chooser = random.Random(1)
-
-    def choose(rows: int, *reading) -> int:
-        k = chooser.choice([0, 0, 1, 2, 3])
-        speculation.probing = bool(k) and chooser.random() < 0.6
-        return k
-    monkeypatch.setattr(speculation, "choose", choose)
-    drafted_for, probed = [], []   # (rows, drafting rows, k) per step; (rows, the probe row) per probe
-    drafting_rows = engine._drafting_rows
-
-    def recorded_drafting_rows(rows, sampling, k):
-        drafting = drafting_rows(rows, sampling, k)
-        drafted_for.append((len(rows), len(drafting), k))
-        if k and len(drafting) == 1 < len(rows):
-            probed.append((list(rows), drafting[0]))
-        return drafting
-    monkeypatch.setattr(engine, "_drafting_rows", recorded_drafting_rows)
-    propose = proposer.propose
-
-    def checked_propose(rows, sampling, num_tokens=None, target_states=None):
-        # propose reads the drafting rows' text first (the others wait) and writes proposals only to the cache:
-        # after it, each drafting row's sequence is what the draft had to propose from.
-        proposal = propose(rows, sampling, num_tokens, target_states)
-        for i, row in enumerate(rows if num_tokens else []):
-            expected = proposals_from_scratch(proposer, row)[:num_tokens]
-            assert proposal.draft_target_ids[i].tolist() == expected, f"row {row}"
-            assert proposer.backlog_start[row] == proposer.backlog_base + len(proposer.backlog)   # it read it all
-        return proposal
-    monkeypatch.setattr(proposer, "propose", checked_propose)
-    max_tokens = [21, 40, 9, 31, 26]
-    outputs = llm.generate(prompts[:5], [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
-    for prompt, n, out in zip(prompts, max_tokens, outputs):
-        assert out.outputs[0].token_ids == reference_greedy(target_dir, prompt, n), f"prompt {prompt[:40]!r}"
-    assert any(rows > 1 and drafting == 1 and k for rows, drafting, k in drafted_for)        # one-row probes
-    assert any(rows > 1 and drafting == rows and k for rows, drafting, k in drafted_for)     # whole-batch drafts
-    # A probe drafts for the row the last probe drafted for while that row decodes (its draft has read the text up
-    # to then), else for another.
-    follows = [(rows, row, last) for (_, last), (rows, row) in zip(probed, probed[1:])]
-    assert all(row == last for rows, row, last in follows if last in rows)
-    assert any(last in rows for rows, row, last in follows)
+    assert {r.k for r in seen} == set(range(5))
+    for r in seen:
+        if r.k:
+            assert 0.0 <= r.later_draft_seconds < r.draft_seconds
+        else:
+            assert r.later_draft_seconds == 0.0 and r.read_tokens == 0
+        if r.k >= 2:
+            assert r.later_draft_seconds > 0.0
+        assert all(n <= r.k for n in r.num_drafted) and len(r.num_accepted) == len(r.num_drafted) == r.batch.rows
 
 
 def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_rows_may_still_write(
@@ -189,10 +135,9 @@ def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_
     are their max_tokens left. The time of a step that read a prompt prices reading (per token), not a draft
     forward, once a draft forward's cost is known."""
     llm = llms.get(ckpts.qwen3_target, ckpts.llama2_draft, k=3, max_num_seqs=2, adaptive=True)
-    speculation = llm.engine.speculation
-    # a fresh model of the draft's costs (the LLM is shared with other tests): the first read precedes any draft cost
-    monkeypatch.setattr(speculation, "read_cost", ReadCost())
-    monkeypatch.setattr(speculation, "draft_cost", MedianCost())
+    # a fresh policy (the LLM is shared with other tests): the first read precedes any draft cost
+    policy = AdaptiveK(3, llm.engine.proposer.draft_forwards)
+    monkeypatch.setattr(llm.engine, "policy", policy)
     told, plan = [], iter([3, 3, 0, 0, 3] + [3] * 80)
 
     proposer, tokenizer = llm.engine.proposer, llm.engine.tokenizer
@@ -202,19 +147,19 @@ def test_the_choice_is_told_what_prompts_the_draft_has_yet_to_read_and_what_the_
         assert unread(rows) == sum(proposer.unread_prompts.get(row, 0) for row in rows)
         return unread(rows)
 
-    def choose(rows, unread_tokens, remaining_tokens):   # remaining_tokens: a function, asked only when pricing
-        told.append((rows, unread_tokens, remaining_tokens()))
+    def choose(batch):
+        told.append((batch.rows, batch.unread_tokens, batch.remaining_tokens))
         return next(plan)
-    monkeypatch.setattr(speculation, "choose", choose)
+    script_plans(monkeypatch, llm, choose)
     monkeypatch.setattr(proposer, "unread_tokens", counted)
     max_tokens = [6, 30, 30]   # the third request takes the first one's row when it finishes
     llm.generate(prompts[:3], [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
     prompt_tokens = [len(tokenizer.encode(p)) for p in prompts[:3]]   # counted in target tokens
     assert told[0] == (2, prompt_tokens[0] + prompt_tokens[1], (5 + 29) / 2)   # first tokens came from the prompts
-    assert [unread for _, unread, _ in told[1:5]] == [0, 0, 0, 0]
+    assert [(unread, remaining) for _, unread, remaining in told[1:5]] == [(0, float("inf"))] * 4   # not asked
     [joined] = [unread for _, unread, _ in told[5:] if unread]   # its prompt (its first token waits in the backlog)
     assert joined == prompt_tokens[2]
-    assert [tokens for tokens, _ in speculation.read_cost.reads] == [joined]
+    assert [tokens for tokens, _ in policy.read.reads] == [joined]
 
 
 def test_rows_that_draft_fewer_are_verified_over_their_own_drafts_only(ckpts, llms, prompts, monkeypatch):
@@ -249,7 +194,7 @@ def test_the_draft_tokenizes_a_prompt_only_when_its_row_drafts(ckpts, llms, prom
     monkeypatch.setattr(proposer.vocab.sync, "start", lambda text, ids: started.append(text) or start(text, ids))
     for plan, expected in (([0] * 200, []), ([0] * 3 + [3] * 200, prompts[:3])):
         steps = iter(plan)
-        monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows, *reading: next(steps))
+        script_plans(monkeypatch, llm, lambda batch, steps=steps: next(steps))
         started.clear()
         outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=12))
         assert sorted(started) == sorted(expected)
@@ -259,7 +204,7 @@ def test_the_draft_tokenizes_a_prompt_only_when_its_row_drafts(ckpts, llms, prom
 
 def test_the_prompts_left_to_read_are_counted_as_rows_join_leave_and_draft(ckpts, llms, prompts):
     """unread_tokens over every live row is a running total: a row that leaves before it drafts takes its prompt out
-    of it, a row that drafts takes its prompt out, and a subset (a probe's row) counts its own. The draft tokenizes a
+    of it, a row that drafts takes its prompt out, and a subset of the rows counts its own. The draft tokenizes a
     prompt only when its row first drafts."""
     llm = llms.get(ckpts.qwen3_target, ckpts.llama2_draft, k=3, max_num_seqs=2, adaptive=True)
     proposer, tokenizer = llm.engine.proposer, llm.engine.tokenizer
@@ -272,7 +217,7 @@ def test_the_prompts_left_to_read_are_counted_as_rows_join_leave_and_draft(ckpts
     proposer.add_request(0, prompts[2], tokenizer.encode(prompts[2]))
     assert proposer.unread_tokens([0, 1]) == sizes[2] + sizes[1]
     assert not proposer.states   # nothing tokenized yet
-    proposer.propose([1], None, 2)   # row 1 reads its prompt (and drafts, as a probe would; its verdict follows)
+    proposer.propose([1], None, 2)   # row 1 reads its prompt (and drafts; its verdict follows)
     assert list(proposer.states) == [1]
     state = proposer.states[1]
     assert state.draft_ids[:state.prompt_len] == proposer.vocab.sync.resync.draft_ids_for_text(prompts[1])

@@ -68,7 +68,7 @@ def test_layout_must_be_stated(ckpts, drafts, tmp_path):
 def test_adaptive_prices_a_block_as_one_draft_forward(ckpts, drafts, llms, prompts):
     """Adaptive k (the default) models a DSpark proposal as one forward whatever k it drafts; output unchanged."""
     llm = llms.get(ckpts.small_target, drafts.small_dspark_anchor_first, k=4, adaptive=True)
-    speculation = llm.engine.speculation
+    speculation = llm.engine.policy
     assert [speculation.draft_forwards(k) for k in range(5)] == [0, 1, 1, 1, 1]
     outputs = llm.generate(prompts[:3], SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
     for prompt, output in zip(prompts, outputs):

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from anydraft.config import SamplingParams
+from anydraft.spec_decode.policy import StepPlan
 
 
 # A row whose new text the draft must re-tokenize (bytes pending, a token outside the draft's vocabulary) costs calls
@@ -57,8 +58,8 @@ def test_a_steady_decode_step_makes_as_many_calls_at_batch_8_as_at_2(ckpts, llms
     draft = {"target alone": None, "TLI, k = 3": ckpts.llama2_draft}.get(speculation, ckpts.qwen3_draft)
     adaptive = speculation == "adaptive, plain step"
     llm = llms.get(ckpts.qwen3_target, draft, k=3, max_num_seqs=8, **({"adaptive": True} if adaptive else {}))
-    if adaptive:   # every step plain (the choice itself prices k = 0..max_k, whatever the batch)
-        monkeypatch.setattr(llm.engine.speculation, "choose", lambda rows, *reading: 0)
+    if adaptive:   # every step plain (the policy's pricing is its own, whatever the batch)
+        monkeypatch.setattr(llm.engine.policy, "plan", lambda batch: StepPlan(0))
     retokenized: list[int] = []
     at_2, at_8 = calls_per_step(llm, prompts, 2, retokenized), calls_per_step(llm, prompts, 8, retokenized)
     assert at_2 == at_8, (at_2, at_8)

@@ -21,6 +21,7 @@ from anydraft.llm import LLM
 from anydraft.model.native_extension import cpu_has
 from anydraft.model.runner import ModelRunner
 from anydraft.spec_decode.sampling import logits_to_probs
+from anydraft.spec_decode.policy import StepPlan
 
 from test_native_decoder import HARDWARE
 from tiny_models import TOKENIZERS, draft_on_tokenizer, make_checkpoint, write_tokenizer_variant
@@ -271,28 +272,6 @@ def test_a_draft_that_ignores_the_coupling_breaks_nothing_but_acceptance(target,
     _assert_exact_positions(llm, target, tokens)
 
 
-def test_coupled_draws_stay_exact_when_probes_draft_for_one_row(target, tli_draft, monkeypatch):
-    """Adaptive speculation's probes draft for one row of the batch (Engine._drafting_rows): with coupled draws the
-    other rows verify nothing that step and emit the target's own draw. Every drafting step here is such a probe."""
-    llm = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=64, max_model_len=64,
-              speculative_config={"model": str(tli_draft), "num_speculative_tokens": 3})
-    speculation, chooser = llm.engine.speculation, random.Random(5)
-
-    def choose(rows: int, *reading) -> int:
-        k = chooser.randint(0, 3)
-        speculation.probing = k > 0
-        return k
-    monkeypatch.setattr(speculation, "choose", choose)
-    drafting = []
-    drafting_rows = llm.engine._drafting_rows
-    monkeypatch.setattr(llm.engine, "_drafting_rows", lambda rows, sampling, k: drafting.append(
-        (len(rows), len(drafting_rows(rows, sampling, k)))) or drafting_rows(rows, sampling, k))
-    tokens, accepted = _sample_three(llm, seed0=31_000)
-    print(f"\n[one-row probes] accepted per step {accepted:.2f}")
-    assert any(rows > 1 and one == 1 for rows, one in drafting) and accepted > 0
-    _assert_exact_positions(llm, target, tokens)
-
-
 @pytest.mark.parametrize("cut", [{"top_k": 4}, {"top_k": 8, "top_p": 0.6}, {"top_p": 0.5}],
                          ids=["top-k", "top-k and top-p", "top-p alone"])
 def test_a_coupled_draft_proposes_within_the_request_s_cut(target, tli_draft, monkeypatch, cut):
@@ -330,7 +309,7 @@ def test_seeded_requests_sample_the_target_alone_s_tokens_with_any_k(llm, target
     """A token's noise is keyed by its request and output position (sampling.draw_keys), and with coupled draws every
     emitted token is the target's own draw after the true prefix (from the full softmax, or from a top-k / top-p
     cut through truncated_draws): a seeded request's tokens equal the target alone's, with fixed k and with
-    adaptive choices that follow the load (here random ks, one-row probes included). Controls: another seed gives
+    adaptive choices that follow the load (here random ks). Controls: another seed gives
     other tokens; keys counted per step instead of per position break the equality."""
     alone = _seeded_ids(llm, seed0=40_000, **cut)
     other_seed = _seeded_ids(llm, seed0=50_000, **cut)
@@ -340,13 +319,8 @@ def test_seeded_requests_sample_the_target_alone_s_tokens_with_any_k(llm, target
                 speculative_config={**spec, "adaptive": False})
     adaptive = LLM(model=str(target), dtype="bfloat16", device="cpu", max_num_seqs=16, max_model_len=64,
                    speculative_config=spec)
-    speculation, chooser = adaptive.engine.speculation, random.Random(7)
-
-    def choose(rows: int, *reading) -> int:
-        k = chooser.randint(0, 3)
-        speculation.probing = k > 0 and chooser.random() < 0.5
-        return k
-    monkeypatch.setattr(speculation, "choose", choose)
+    chooser = random.Random(7)
+    monkeypatch.setattr(adaptive.engine.policy, "plan", lambda batch: StepPlan(chooser.randint(0, 3)))
     assert _seeded_ids(fixed, seed0=40_000, **cut) == alone
     assert _seeded_ids(adaptive, seed0=40_000, **cut) == alone
     assert fixed.stats.num_accepted > 0 and adaptive.stats.num_accepted > 0   # drafts decided tokens

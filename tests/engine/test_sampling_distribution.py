@@ -18,6 +18,7 @@ import torch
 from scipy.stats import chi2_contingency, chisquare
 
 from anydraft.config import SamplingParams
+from anydraft.spec_decode.policy import StepPlan
 
 from tiny_models import reference_first_token_probs, tokenizer_of
 
@@ -84,7 +85,7 @@ def samples(ckpts, llms, draft_vocab_corpus):
             llm = llms.get(model, draft, k=K, max_num_seqs=64, dtype="float32", **head)
             if kind == "tli_ragged":
                 chooser = random.Random(0)
-                llm.engine.speculation.choose = lambda rows, *reading: chooser.randint(0, K)
+                llm.engine.policy.plan = lambda batch: StepPlan(chooser.randint(0, K))
             if kind == "tli_fr":
                 assert llm.proposer.runner.head_rows == FR_HEAD_ROWS
             seed = SEED_BASE[kind] + int(temperature * 1000) + top_k
