@@ -22,6 +22,10 @@ def add_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="rows decoded together (all prompts are queued at once)")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="directory with GSM8K train.jsonl / test.jsonl (default: ../shared/data/gsm8k when present)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); above 0 every question is sampled, the target alone (with "
+                        "--compare-target) at the same temperature and seeds")
+    p.add_argument("--seed", type=int, default=0, help="question i samples with seed SEED + i (sampled runs)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -73,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(model=args.target, speculative_config=speculative_config(args), dtype=args.dtype, device=args.device,
               max_num_seqs=args.batch_size, max_model_len=args.max_model_len, **cache_options(args))
     prompts = [gsm8k.build_prompt(ex["question"], shots, llm.tokenizer, args.chat) for ex in test]
-    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, stop=gsm8k.STOP_STRINGS)
+    params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, stop=gsm8k.STOP_STRINGS,
+                             seed=None if args.temperature == 0 else args.seed + i) for i in range(len(prompts))]
     update, close = _progress(len(prompts), "gsm8k", not args.no_progress)
     spec_run = gsm8k.run_engine(llm.engine, prompts, params, update)
     close()
@@ -83,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         "task": "gsm8k", "target": args.target, "draft": draft, "k": args.num_speculative_tokens if draft else 0,
         "vocab_mode": llm.draft_info.get("vocab_mode"), "dtype": args.dtype, "num_shots": args.num_shots,
         "num_questions": len(test), "accuracy": sum(correct) / len(test),
+        "temperature": args.temperature, "seed": args.seed if args.temperature else None,
         "acceptance_length": spec_run.stats.acceptance_length,
         "acceptance_by_position": spec_run.stats.acceptance_by_position,
         "tokens_per_second": spec_run.stats.num_emitted / spec_run.seconds,
@@ -97,14 +103,15 @@ def run(args: argparse.Namespace) -> int:
         close()
         alone_correct = [gsm8k.extract_answer(c) == g for c, g in zip(alone.completions, golds)]
         prompt_ids = [llm.tokenizer.encode(p) for p in prompts]
-        comparison = gsm8k.compare_runs(spec_run, alone, llm.target, prompt_ids)
+        comparison = gsm8k.compare_runs(spec_run, alone, llm.target, prompt_ids, near_ties=args.temperature == 0)
         result.update({"exact_matches": comparison["exact_matches"],
                        "near_tie_mismatches": comparison["near_tie_mismatches"],
                        "mismatches": comparison["mismatches"],
                        "target_alone": {"accuracy": sum(alone_correct) / len(test),
                                         "tokens_per_second": alone.stats.num_emitted / alone.seconds,
                                         "generated_tokens": alone.stats.num_emitted, "seconds": alone.seconds},
-                       "speedup": (result["tokens_per_second"] / (alone.stats.num_emitted / alone.seconds))})
+                       "speedup": (result["tokens_per_second"] / (alone.stats.num_emitted / alone.seconds)),
+                       "accuracy_vs_target_alone": gsm8k.accuracy_noise(sum(correct), sum(alone_correct), len(test))})
     result["markdown"] = markdown_table(result)
     if args.json:
         print(json.dumps(result))
@@ -113,4 +120,7 @@ def run(args: argparse.Namespace) -> int:
         if args.compare_target:
             print(f"\nexact-text matches vs target alone: {result['exact_matches']}/{len(test)}; "
                   f"mismatches at a near-tie: {result['near_tie_mismatches']}/{len(result['mismatches'])}")
+            noise = result["accuracy_vs_target_alone"]
+            print(f"accuracy minus the target alone's: {noise['difference']:+.3f} (binomial standard error "
+                  f"{noise['stderr']:.3f}: {'within' if noise['within_binomial_noise'] else 'OUTSIDE'} 2 of them)")
     return 0

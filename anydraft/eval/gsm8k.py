@@ -3,6 +3,7 @@ against the target alone (with a near-tie check at each first divergence)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -92,10 +93,13 @@ class RunResult:
     seconds: float
 
 
-def run_engine(engine: Engine, prompts: list[str], params: SamplingParams, progress=None) -> RunResult:
-    """All prompts submitted at once; the engine batches up to its row count."""
+def run_engine(engine: Engine, prompts: list[str], params: SamplingParams | list[SamplingParams],
+               progress=None) -> RunResult:
+    """All prompts submitted at once (params: one for all, or one per prompt); the engine batches up to its row
+    count."""
     engine.stats = SpecStats(engine.k)
-    requests = [engine.add_request(p, params) for p in prompts]
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+    requests = [engine.add_request(p, q) for p, q in zip(prompts, per_prompt, strict=True)]
     start = time.perf_counter()
     engine.run(progress)
     seconds = time.perf_counter() - start
@@ -118,15 +122,25 @@ def near_tie(runner, prompt_ids: list[int], common_ids: list[int], row: int = 0)
             "near_tie": bool(gap <= bf16_step or relative < 1e-3)}
 
 
-def compare_runs(spec: RunResult, alone: RunResult, target_runner, prompt_ids: list[list[int]]) -> dict:
-    """Exact-text matches, and for each mismatch the first diverging token and whether it is a near-tie."""
+def accuracy_noise(correct: int, reference_correct: int, n: int) -> dict:
+    """Two accuracies over the same n questions from independent samples: their difference, its standard error
+    (binomial, unpooled) and whether it lies within two of them."""
+    p, q = correct / n, reference_correct / n
+    stderr = math.sqrt((p * (1 - p) + q * (1 - q)) / n)
+    return {"difference": p - q, "stderr": stderr, "within_binomial_noise": abs(p - q) <= 2 * stderr}
+
+
+def compare_runs(spec: RunResult, alone: RunResult, target_runner, prompt_ids: list[list[int]],
+                 near_ties: bool = True) -> dict:
+    """Exact-text matches, and for each mismatch the first diverging token and (near_ties: greedy runs, where a
+    divergence can only be rounding) whether it is a near-tie."""
     mismatches = []
     for i, (a, b) in enumerate(zip(spec.token_ids, alone.token_ids)):
         if a == b:
             continue
         first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         entry = {"index": i, "first_divergence": first}
-        if first < min(len(a), len(b)):
+        if near_ties and first < min(len(a), len(b)):
             entry.update(near_tie(target_runner, prompt_ids[i], b[:first]))
         mismatches.append(entry)
     return {"exact_matches": len(spec.token_ids) - len(mismatches), "mismatches": mismatches,

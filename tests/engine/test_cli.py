@@ -105,3 +105,31 @@ def test_frequency_ranked_head_flags(ckpts, capsys, draft_vocab_corpus):
     code, out, err = _generate(capsys, *args)
     assert code == 0, err
     assert cut["outputs"][0]["token_ids"] == json.loads(out)["outputs"][0]["token_ids"]
+
+
+def test_eval_samples_seeded_questions_and_compares_accuracy_within_binomial_noise(ckpts, capsys, monkeypatch):
+    """`eval gsm8k --temperature T --seed S`: question i samples at T with seed S + i, speculative and target-alone
+    runs alike; the result reports the accuracy difference against its binomial noise, and no near-tie analysis
+    (a sampled divergence is no rounding)."""
+    from anydraft.eval import gsm8k
+    run_engine, seen = gsm8k.run_engine, []
+
+    def recording(engine, prompts, params, progress=None):
+        seen.append([(p.temperature, p.seed) for p in params])
+        return run_engine(engine, prompts, params, progress)
+    monkeypatch.setattr(gsm8k, "run_engine", recording)
+    args = ["eval", "gsm8k", "--target", str(ckpts.qwen3_target), "--draft", str(ckpts.llama2_draft),
+            "--dtype", "float64", "--device", "cpu", "--num-questions", "3", "--max-tokens", "10",
+            "--temperature", "0.7", "--seed", "5", "--compare-target", "--json", "--no-progress"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert seen == [[(0.7, 5), (0.7, 6), (0.7, 7)]] * 2   # speculative, then the target alone
+    assert first["temperature"] == 0.7 and first["seed"] == 5
+    noise = first["accuracy_vs_target_alone"]
+    assert noise["difference"] == pytest.approx(first["accuracy"] - first["target_alone"]["accuracy"])
+    assert noise["within_binomial_noise"] == (abs(noise["difference"]) <= 2 * noise["stderr"])
+    assert all("near_tie" not in m for m in first["mismatches"])
+    assert main(args) == 0   # seeded: the same run again
+    again = json.loads(capsys.readouterr().out)
+    assert (again["generated_tokens"], again["accuracy"], again["exact_matches"]) == (
+        first["generated_tokens"], first["accuracy"], first["exact_matches"])
