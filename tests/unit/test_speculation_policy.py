@@ -79,13 +79,14 @@ def test_drafting_that_costs_more_than_it_returns_is_not_chosen():
 
 def test_an_optimum_in_between_is_found_too():
     """Draft forwards cost a fifth of a target forward, acceptance 0.6: neither plain nor the most is best, and the
-    steps chosen deliver (in expectation) at least 97% of the best k's tokens per second."""
+    steps chosen deliver (in expectation) at least 95% of the best k's tokens per second (the policy's goal against
+    the best fixed k), though posterior draws spread the choice over the near-equal ks."""
     machine = Machine(target=lambda tokens: 0.010 + 0.0005 * tokens, draft=lambda rows: 0.002, acceptance=0.6)
     best = machine.best_k(1, 6)
     assert 0 < best < 6 and machine.rate(1, 6) < 0.9 * machine.rate(1, best)
     ks = run(AdaptiveK(6), machine, BatchView(rows=1), 400)[100:]
     delivered = sum(machine.rate(1, k) * machine.seconds(1, k) for k in ks) / sum(machine.seconds(1, k) for k in ks)
-    assert delivered >= 0.97 * machine.rate(1, best), (ks, best)
+    assert delivered >= 0.95 * machine.rate(1, best), (ks, best)
 
 
 def test_a_fall_in_acceptance_stops_drafting_and_a_rise_brings_it_back():
@@ -94,10 +95,36 @@ def test_a_fall_in_acceptance_stops_drafting_and_a_rise_brings_it_back():
     run(policy, machine, batch, 200)
     machine.acceptance = 0.02   # the text turned to something the draft cannot guess
     after_fall = run(policy, machine, batch, 150)
-    assert after_fall[-50:].count(0) >= 45, after_fall
+    assert after_fall[-50:].count(0) >= 40, after_fall   # the rest: re-measuring and posterior draws
     machine.acceptance = 0.9
     after_rise = run(policy, machine, batch, 300)
     assert after_rise[-50:].count(0) <= 5, after_rise
+    assert after_rise[:100].count(0) < after_fall[-100:].count(0) / 2   # and it notices within a few dozen steps
+
+
+def test_a_few_early_rejections_do_not_stop_drafting_for_long():
+    """Batch 1, a good draft that happens to miss its first proposals: thin evidence leaves the posterior wide, so
+    drafting is tried again within a few steps (no wait for a re-measurement) and the evidence then decides."""
+    machine = Machine(target=lambda tokens: 0.010, draft=lambda rows: 0.002, acceptance=0.95)
+    policy, batch = AdaptiveK(4), BatchView(rows=1)
+    machine.acceptance = 0.0
+    run(policy, machine, batch, 4)   # four misses in a row
+    machine.acceptance = 0.95
+    ks = run(policy, machine, batch, 30)
+    assert ks[:10].count(0) <= 5 and ks[-10:].count(0) <= 1, ks
+
+
+def test_posterior_draws_spread_where_evidence_is_thin_and_sit_on_the_estimate_where_it_is_plentiful():
+    rng = random.Random(3)
+    thin = AcceptanceEstimate(1, prior=0.7, prior_weight=4.0, decay=1.0)
+    thin.observe([1, 1], [1, 0])
+    plentiful = AcceptanceEstimate(1, prior=0.7, prior_weight=4.0, decay=1.0)
+    plentiful.observe([1] * 2000, [1] * 1000 + [0] * 1000)
+    for estimate, low, high in ((thin, 0.05, 0.2), (plentiful, 0.0, 0.02)):
+        draws = [estimate.drawn_rates(rng)[0] for _ in range(400)]
+        mean = sum(draws) / len(draws)
+        spread = math.sqrt(sum((d - mean) ** 2 for d in draws) / len(draws))
+        assert mean == pytest.approx(estimate.rates()[0], abs=0.03) and low < spread < high, (mean, spread)
 
 
 def test_a_rise_in_draft_cost_stops_drafting():
@@ -154,7 +181,8 @@ def test_a_neighbour_of_the_choice_is_re_measured_once_per_memory_span():
 
 def test_the_policy_reads_nothing_but_its_records():
     """Its modules import only the standard library and each other: no engine, proposer, model or torch."""
-    allowed = {"__future__", "bisect", "collections", "dataclasses", "itertools", "math", "statistics", "typing"}
+    allowed = {"__future__", "bisect", "collections", "dataclasses", "itertools", "math", "random", "statistics",
+               "typing"}
     for path in POLICY_DIR.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):

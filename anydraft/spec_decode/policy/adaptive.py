@@ -12,7 +12,10 @@ size (interpolated between measured sizes):
      still write (a short output does not start a draft whose reading it cannot earn back).
 Greedy and sampled steps keep separate costs (they run different heads). Everything is measured on real steps: the
 first step drafts max_k (the draft's cost is unknown until it drafts), and nothing is timed at load.
-Choice. k* = argmax B E(k) / C(B, k); drafting must be priced `draft_margin` faster than the plain step. At each
+Choice. k* = argmax B E(k) / C(B, k), with the a_i of E drawn from their posteriors (Thompson sampling): where
+evidence is thin (batch 1, after a few early rejections, after a run of plain steps) the draws spread and drafting is
+tried again; where it is plentiful they sit on the estimate. Drafting must be priced `draft_margin` faster than the
+plain step. At each
 batch size (by powers of two) the plain step and the ks next to the choice are re-measured once when not chosen
 for `memory_steps` steps: by then the evidence behind their price has lost half its weight.
 Every row of a step verifies the same k, so the output is the target's whatever k is chosen.
@@ -20,6 +23,7 @@ Every row of a step verifies the same k, so the output is the target's whatever 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -81,7 +85,7 @@ class AdaptiveK:
     """Plans k per step from its records alone (see the module docstring)."""
 
     def __init__(self, max_k: int, draft_forwards: Callable[[int], int] = one_forward_per_token,
-                 params: AdaptiveParams | None = None):
+                 params: AdaptiveParams | None = None, seed: int = 0):
         if max_k < 1:
             raise ValueError(f"adaptive speculation needs max_k >= 1, got {max_k}")
         self.max_k, self.draft_forwards = max_k, draft_forwards
@@ -91,21 +95,26 @@ class AdaptiveK:
                            for sampled in (False, True)}
         self.costs = {sampled: StepCosts(p.memory_steps) for sampled in (False, True)}
         self.read = ReadCost(p.memory_steps)
+        self.rng = random.Random(seed)   # the posterior draws (its own stream: runs repeat)
         self._plans = [StepPlan(k) for k in range(max_k + 1)]
         self._clock: dict[tuple[bool, int], int] = {}                 # (sampled, size class) -> steps planned
         self._last: dict[tuple[bool, int], dict[int, int]] = {}       # ... -> k -> the step that last chose it
 
     # -- pricing ---------------------------------------------------------------------------------------------
-    def expected_tokens(self, batch: BatchView) -> list[float]:
-        """[E(0), ..., E(max_k)] for a row of this batch, greedy and sampled rows mixed by count."""
-        greedy, sampled = self.acceptance[False].expected_tokens(), self.acceptance[True].expected_tokens()
+    def expected_tokens(self, batch: BatchView, drawn: bool = False) -> list[float]:
+        """[E(0), ..., E(max_k)] for a row of this batch, greedy and sampled rows mixed by count (drawn: from
+        acceptance rates drawn from their posteriors, else from their estimates)."""
         share = batch.sampled_rows / batch.rows
+        greedy, sampled = ([estimate.expected_tokens(estimate.drawn_rates(self.rng) if drawn and weight else None)
+                            for estimate, weight in ((self.acceptance[False], 1 - share),
+                                                     (self.acceptance[True], share))])
         return [(1 - share) * g + share * s for g, s in zip(greedy, sampled)]
 
-    def rates(self, batch: BatchView) -> list[float]:
-        """Expected tokens per second of a step over `batch` drafting k, for k = 0..max_k."""
+    def rates(self, batch: BatchView, drawn: bool = False) -> list[float]:
+        """Expected tokens per second of a step over `batch` drafting k, for k = 0..max_k (drawn: see
+        expected_tokens)."""
         rows, costs = batch.rows, self.costs[batch.sampled_rows > 0]
-        expected = self.expected_tokens(batch)
+        expected = self.expected_tokens(batch, drawn)
         reading = (self.read.seconds(batch.unread_tokens) / max(batch.remaining_tokens, 1.0)
                    if batch.unread_tokens else 0.0)   # seconds per token written
         rates = []
@@ -132,7 +141,7 @@ class AdaptiveK:
         if not self.costs[key[0]].draft_first.estimates:   # unknown until a step drafts: draft the most, measure it
             k = self.max_k
         else:
-            rates = self.rates(batch)
+            rates = self.rates(batch, drawn=True)
             best = max(range(self.max_k + 1), key=lambda j: (rates[j], j))
             if best and rates[best] < self.params.draft_margin * rates[0]:
                 best = 0

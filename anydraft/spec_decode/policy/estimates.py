@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import random
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -120,10 +121,24 @@ class AcceptanceEstimate:
             rates.append(prior)
         return rates
 
-    def expected_tokens(self) -> list[float]:
-        """[E(0), ..., E(max_k)]: E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, the tokens a row appends drafting k."""
+    def drawn_rates(self, rng: random.Random) -> list[float]:
+        """Rates drawn from each position's Beta posterior (its counts plus the prior's pseudo-rows): close to
+        `rates()` where evidence is plentiful, spread where it is thin, so a policy pricing with them tries again
+        what a few early rejections made look bad, and stops trying once the evidence is in (Thompson sampling)."""
+        self._decay()
+        rates, prior = [], self.prior
+        for accepted, tried in zip(self.accepted, self.tried):
+            alpha = accepted + prior * self.weight
+            beta = tried - accepted + (1.0 - prior) * self.weight
+            prior = rng.betavariate(max(alpha, 1e-9), max(beta, 1e-9))
+            rates.append(prior)
+        return rates
+
+    def expected_tokens(self, rates: list[float] | None = None) -> list[float]:
+        """[E(0), ..., E(max_k)]: E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, the tokens a row appends drafting k
+        (a_i: `rates()` unless given)."""
         totals, survive = [1.0], 1.0
-        for rate in self.rates():
+        for rate in self.rates() if rates is None else rates:
             survive *= rate
             totals.append(totals[-1] + survive)
         return totals
