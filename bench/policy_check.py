@@ -8,7 +8,8 @@ Sampled requests are seeded per prompt and round, the same seeds for every conte
 Goals (exit 0 only when all hold for the pairs run):
 - adaptive >= 0.95x max(target alone, fixed k = 3) in every cell;
 - adaptive >= 1.10x the target alone at batch 1 greedy;
-- greedy outputs identical to the target alone's in every greedy cell.
+- greedy outputs identical to the target alone's in every greedy cell, where the target runs the native kernels (the
+  condition of bf16 exactness, docs/guarantees.md); on the PyTorch path the exact counts are reported, not judged.
 
     python bench/policy_check.py --json --out bench/results/<date>-policy/check.json
     python bench/policy_check.py --pairs grown --json     # the grown qwen3-1.7b + smollm2-135m pair
@@ -69,7 +70,10 @@ def run_cell(llms: dict[str, LLM], prompts: list[str], batch: int, temperature: 
             "exact_vs_target_alone": exact, "outputs_compared": len(prompts) * args.repeats,
             "ratio_vs_best_rival": median["adaptive"] / max(median["fixed k=3"], median["target alone"]),
             "ratio_vs_target_alone": median["adaptive"] / median["target alone"],
-            "adaptive_k_histogram": {str(k): v for k, v in sorted(llms["adaptive"].stats.k_histogram.items())}}
+            "adaptive_k_histogram": {str(k): v for k, v in sorted(llms["adaptive"].stats.k_histogram.items())},
+            "kernels": llms["adaptive"].kernels,
+            "native": all(llm.kernels["target"].get(part) == "native" for llm in llms.values()
+                          for part in ("body", "head"))}
 
 
 def goals(cells: dict) -> dict[str, bool]:
@@ -79,7 +83,7 @@ def goals(cells: dict) -> dict[str, bool]:
         if "batch1 greedy" in name:
             met[f"{name}: adaptive >= {MIN_B1_GREEDY_GAIN}x target alone"] = (
                 cell["ratio_vs_target_alone"] >= MIN_B1_GREEDY_GAIN)
-        if "greedy" in name:
+        if "greedy" in name and cell["native"]:
             met[f"{name}: greedy outputs identical"] = all(
                 n == cell["outputs_compared"] for n in cell["exact_vs_target_alone"].values())
     return met
