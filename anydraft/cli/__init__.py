@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # Subcommand name -> module; each module defines add_parser(subparsers) and run(args) -> int.
-SUBCOMMANDS = ["vocab", "generate", "eval", "bench", "serve", "grow", "advise"]
+SUBCOMMANDS = ["vocab", "generate", "eval", "bench", "serve", "grow", "advise", "distill"]
 
 
 class CliError(Exception):

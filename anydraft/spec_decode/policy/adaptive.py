@@ -1,7 +1,8 @@
 """The adaptive policy: each step drafts the k in 0..max_k with the most expected tokens per second.
 
 Tokens. A row drafting k appends E(k) = 1 + sum_{j<=k} prod_{i<=j} a_i, with a_i the running acceptance of position i
-given 1..i-1 were accepted, kept for greedy rows and for sampled rows apart; a batch's E mixes them by rows.
+given 1..i-1 were accepted, kept for greedy rows and for sampled rows apart (evidence ages with the steps that draft);
+a batch's E mixes them by rows.
 Seconds. C(B, k) = T(B(k+1)) + D(B, k) + H(k) + reading, each part the median of its recent measurements at that
 size (interpolated between measured sizes):
   T  the target's verification forward, by the tokens it reads;
@@ -13,8 +14,8 @@ size (interpolated between measured sizes):
 Greedy and sampled steps keep separate costs (they run different heads). Everything is measured on real steps: the
 first step drafts max_k (the draft's cost is unknown until it drafts), and nothing is timed at load.
 Choice. k* = argmax B E(k) / C(B, k), with the a_i of E drawn from their posteriors (Thompson sampling): where
-evidence is thin (batch 1, after a few early rejections, after a run of plain steps) the draws spread and drafting is
-tried again; where it is plentiful they sit on the estimate. Drafting must be priced `draft_margin` faster than the
+evidence is thin (batch 1, after a few early rejections) the draws spread and drafting is tried again; where it is
+plentiful they sit on the estimate. Drafting must be priced `draft_margin` faster than the
 plain step. At each
 batch size (by powers of two) the plain step and the ks next to the choice are re-measured once when not chosen
 for `memory_steps` steps: by then the evidence behind their price has lost half its weight.
@@ -174,14 +175,13 @@ class AdaptiveK:
         host.append(record.host_seconds)
 
     def _observe_acceptance(self, record: StepRecord) -> None:
-        greedy, sampled = self.acceptance[False], self.acceptance[True]
-        if record.sampled is None:
-            greedy.observe(record.num_drafted, record.num_accepted)
-            sampled.count_step()
+        if not record.k:
             return
-        for estimate, mode in ((greedy, False), (sampled, True)):
+        if record.sampled is None:
+            self.acceptance[False].observe(record.num_drafted, record.num_accepted)
+            return
+        for mode in (False, True):
             rows = [i for i, s in enumerate(record.sampled) if s == mode]
             if rows:
-                estimate.observe([record.num_drafted[i] for i in rows], [record.num_accepted[i] for i in rows])
-            else:
-                estimate.count_step()
+                self.acceptance[mode].observe([record.num_drafted[i] for i in rows],
+                                              [record.num_accepted[i] for i in rows])

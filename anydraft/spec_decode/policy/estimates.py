@@ -63,7 +63,8 @@ class MedianCost:
 @dataclass
 class AcceptanceEstimate:
     """Per-position conditional acceptance a_i (accepted at i given 1..i-1 were), from counts that decay by
-    `decay` each step. Position 1's prior is `prior`; a later position's is the estimate of the one before it
+    `decay` at each step that drafted (a plain step says nothing new, and must not erase what is known: at batch 1
+    that made the posterior widen until drafting was tried again and again where it loses). Position 1's prior is `prior`; a later position's is the estimate of the one before it
     (conditional acceptance rarely falls with depth). The prior is worth `prior_weight` rows of evidence at the start
     and ages like evidence: it decides the first steps, and the steps' evidence decides after."""
     max_k: int
@@ -72,7 +73,7 @@ class AcceptanceEstimate:
     decay: float
     tried: list[float] = field(default_factory=list)
     accepted: list[float] = field(default_factory=list)
-    pending_decays: int = 0   # steps not yet applied to the counts (a plain step costs one increment)
+    pending_decays: int = 0   # drafting steps not yet applied to the counts
     weight: float = None      # the prior's weight now
 
     def __post_init__(self):
@@ -82,10 +83,11 @@ class AcceptanceEstimate:
 
     def observe(self, num_drafted: list[int], num_accepted: list[int]) -> None:
         """One step's rows: positions 1..accepted were accepted, position accepted+1 (where the row drafted it)
-        rejected, later ones undecided. A row says nothing of positions it did not draft."""
-        self.pending_decays += 1
+        rejected, later ones undecided. A row says nothing of positions it did not draft; a step where no row
+        drafted changes nothing."""
         if not any(num_drafted):
             return
+        self.pending_decays += 1
         self._decay()
         max_k = self.max_k
         decided, passed = [0] * (max_k + 1), [0] * (max_k + 1)
@@ -100,10 +102,6 @@ class AcceptanceEstimate:
             rows_passed += passed[i + 1]
             self.tried[i] += rows_decided
             self.accepted[i] += rows_passed
-
-    def count_step(self) -> None:
-        """A step that tried nothing: the evidence still ages."""
-        self.pending_decays += 1
 
     def _decay(self) -> None:
         if self.pending_decays:
