@@ -143,15 +143,14 @@ class Distiller:
     def train_steps(self, on_step=None) -> None:
         cfg = self.cfg
         order = random.Random(cfg.seed)
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, cfg.steps) / cfg.steps)), last_epoch=-1)
-        for _ in range(self.step):   # resumed: the schedule and the order where they were
-            schedule.step()
+        for _ in range(self.step):   # resumed: the batches' order where it was
             order.sample(range(len(self.train)), min(cfg.batch_size, len(self.train)))
         self.student.train()
         while self.step < cfg.steps:
             batch = [self.train[i] for i in order.sample(range(len(self.train)), min(cfg.batch_size, len(self.train)))]
             positions = sum(len(e.target_positions) for e in batch)
+            for group in self.optimizer.param_groups:   # cosine from the full rate to 0 over the steps
+                group["lr"] = cfg.learning_rate * 0.5 * (1 + math.cos(math.pi * self.step / cfg.steps))
             self.optimizer.zero_grad()
             loss_total = 0.0
             for example in batch:   # each weighted by its positions: the mean over the batch's boundaries
@@ -160,15 +159,14 @@ class Distiller:
                 loss_total += loss.item() * len(example.target_positions) / positions
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
             self.optimizer.step()
-            schedule.step()
             self.step += 1
             record = {"step": self.step, "loss": loss_total}
+            self.history.append(record)
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
                 self.student.eval()
                 record["held_out_acceptance"] = self.evaluate(self.held_out)
                 self.student.train()
                 self.save_state()
-            self.history.append(record)
             if on_step is not None:
                 on_step(record)
         self.student.eval()

@@ -1,0 +1,63 @@
+"""`anydraft distill` on tiny models (TLI pair, different tokenizers): it raises the held-out acceptance bound it
+trains on, writes a checkpoint transformers and anydraft load, resumes from its state and refuses a state written
+with other settings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from anydraft import LLM, SamplingParams
+from anydraft.cli import main
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, shared_dir):
+    path = tmp_path_factory.mktemp("distill") / "corpus.jsonl"
+    with open(shared_dir / "data" / "gsm8k" / "train.jsonl", encoding="utf-8") as f:
+        path.write_text("".join(line for _, line in zip(range(12), f)))
+    return path
+
+
+def distill(ckpts, corpus, out, *extra):
+    return main(["distill", "--target", str(ckpts.qwen3_target), "--draft", str(ckpts.llama2_draft),
+                 "--corpus", str(corpus), "--out", str(out), "--num-prompts", "8", "--held-out", "4",
+                 "--max-tokens", "24", "--batch-size", "4", "--lr", "3e-3", "--eval-every", "5", "--no-al",
+                 "--json", *extra])
+
+
+def test_distill_raises_held_out_acceptance_and_writes_a_loadable_draft(ckpts, corpus, tmp_path, capsys):
+    out = tmp_path / "draft"
+    assert distill(ckpts, corpus, out, "--steps", "20") == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["held_out_positions"] > 20
+    assert summary["held_out_acceptance_after"] > 1.1 * summary["held_out_acceptance_before"], summary
+    assert json.loads((out / "distill.json").read_text())["steps"] == 20
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+    assert model.config.vocab_size == 32000
+    # anydraft serves it as a draft, and greedy output stays the target alone's (float64: exact)
+    prompt = "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:"
+    params = SamplingParams(temperature=0, max_tokens=16)
+    spec = LLM(str(ckpts.qwen3_target), {"model": str(out), "num_speculative_tokens": 3}, dtype="float64",
+               device="cpu", max_num_seqs=1, max_model_len=256).generate([prompt], params)
+    alone = LLM(str(ckpts.qwen3_target), None, dtype="float64", device="cpu", max_num_seqs=1,
+                max_model_len=256).generate([prompt], params)
+    assert spec[0].outputs[0].token_ids == alone[0].outputs[0].token_ids
+
+
+def test_distill_resumes_where_it_stopped_and_refuses_other_settings(ckpts, corpus, tmp_path, capsys):
+    out = tmp_path / "draft"
+    assert distill(ckpts, corpus, out, "--steps", "5") == 0
+    first = json.loads(capsys.readouterr().out)
+    state = torch.load(out / "distill_state.pt", weights_only=False)
+    assert state["step"] == 5
+    assert distill(ckpts, corpus, out, "--steps", "8") == 2   # a state exists: --resume or another --out
+    capsys.readouterr()
+    assert distill(ckpts, corpus, out, "--steps", "8", "--resume") == 0
+    resumed = json.loads(capsys.readouterr().out)
+    assert [h["step"] for h in resumed["history"]] == list(range(9))   # 0 = before; 1..5 then 6..8
+    assert resumed["held_out_acceptance_before"] == first["held_out_acceptance_before"]
+    assert distill(ckpts, corpus, out, "--steps", "8", "--resume", "--temperature", "1.0") == 2
+    assert "was written with temperature=0.7" in capsys.readouterr().err
