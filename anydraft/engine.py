@@ -13,7 +13,7 @@ from .output_processor import OutputProcessor
 from .request import Request
 from .scheduler import Scheduler
 from .spec_decode.policy import AdaptiveK, BatchView, FixedK, SpeculationPolicy, StepRecord
-from .spec_decode.proposer import Proposal, Proposer, SamplingBatch, draft_runner
+from .spec_decode.proposer import Proposal, Proposer, draft_runner
 from .spec_decode.sampling import RowRandom
 from .spec_decode.target_step import TargetStep, host_logprobs, logprob_width
 from .spec_decode.verify import VerifyOutput
@@ -192,7 +192,8 @@ class Engine:
         rows = [r.row for r in step_requests]
         t0 = time.perf_counter()
         sampling = self.target_step.sampling_batch(step_requests)
-        batch = self._batch_view(step_requests, rows, sampling)
+        sampled = None if sampling is None else sampling.sampled                          # [B], None: all greedy
+        batch = self._batch_view(step_requests, rows, sampled)
         k = self.policy.plan(batch).k                                                     # 0 = plain decode
         t_planned = time.perf_counter()   # the parts a plan prices are timed from here: planning is not k's cost
         penalties = self.target_step.penalties(step_requests)                             # None: no row has any
@@ -213,7 +214,7 @@ class Engine:
         self._record(step_requests, row_drafts, num_accepted, new_target_ids, logprobs)
         t3 = time.perf_counter()
         self.policy.observe(StepRecord(
-            batch, k, row_drafts, num_accepted, None if sampling is None else [r is not None for r in sampling.randoms],
+            batch, k, row_drafts, num_accepted, sampled,
             draft_seconds=t1 - t_planned, later_draft_seconds=self.proposer.later_draft_seconds if k else 0.0,
             target_seconds=t2 - t1, host_seconds=t3 - t2, read_tokens=batch.unread_tokens if k else 0))
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
@@ -223,17 +224,17 @@ class Engine:
             stats.other_seconds += t3 - t2
         return step_requests
 
-    def _batch_view(self, requests: list[Request], rows: list[int], sampling: SamplingBatch | None) -> BatchView:
+    def _batch_view(self, requests: list[Request], rows: list[int], sampled: list[bool] | None) -> BatchView:
         """What the policy sees of the step: rows, sampled rows, the text the draft has yet to read and (only where
         there is some: it is spread over them) the tokens the rows may still write, within max_model_len."""
-        sampled = 0 if sampling is None else len(sampling.randoms) - sampling.randoms.count(None)
+        num_sampled = 0 if sampled is None else sampled.count(True)
         unread = self.proposer.unread_tokens(rows) if self.k else 0
         if not unread:
-            return BatchView(len(rows), sampled)
+            return BatchView(len(rows), num_sampled)
         left = 0
         for r in requests:   # no call per row (tests/engine/test_host_calls.py)
             left += r.output_budget - r.stats.num_emitted
-        return BatchView(len(rows), sampled, unread, left / len(rows))
+        return BatchView(len(rows), num_sampled, unread, left / len(rows))
 
     @staticmethod
     def _row_drafts(requests: list[Request], proposal: Proposal) -> list[int]:

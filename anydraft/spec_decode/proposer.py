@@ -23,6 +23,11 @@ class SamplingBatch:
     top_k_max: int = 0   # host: the largest top_k where every row has a top-k cut; 0 where some row has none
 
     @property
+    def sampled(self) -> list[bool]:
+        """[B] host: whether each row samples (a greedy row has no stream)."""
+        return [r is not None for r in self.randoms]
+
+    @property
     def any_greedy(self) -> bool:
         """Whether some row is greedy (host fact: logits_to_probs skips its one-hot pass when none is)."""
         return any(r is None for r in self.randoms)

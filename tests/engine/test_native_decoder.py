@@ -79,6 +79,9 @@ def test_runner_reports_which_kernels_run(native_ckpts, monkeypatch):
 
 def test_why_not_native_names_the_reason(monkeypatch):
     odd = ModelConfig(**{**ELIGIBLE.__dict__, "hidden_size": 40, "head_dim": 10})
+    if HARDWARE is not None:   # this CPU's reason comes first, whatever the model
+        assert why_not_native(odd, CPU, torch.bfloat16) == HARDWARE
+    monkeypatch.setattr(native_extension, "why_not_hardware", lambda: None)   # the size rule, on any CPU
     assert "multiples of 16" in why_not_native(odd, CPU, torch.bfloat16)
     assert "bfloat16 on CPU" in why_not_native(ELIGIBLE, CPU, torch.float32)
     monkeypatch.setenv("ANYDRAFT_NATIVE", "0")

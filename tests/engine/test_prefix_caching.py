@@ -3,10 +3,13 @@ target's and the draft's cached blocks (float64, and bf16 on the native kernels)
 load preempts requests that later resume, every output identical to an unpressured run."""
 from __future__ import annotations
 
+import pytest
+
 from anydraft.config import SamplingParams
 from anydraft.llm import LLM
 from anydraft.model.kv_cache import BLOCK_TOKENS, blocks_for
 from anydraft.model.loader import resolve_model_path
+from anydraft.model.native_extension import why_not_hardware
 
 from tiny_models import gsm8k_questions, reference_greedy
 
@@ -39,6 +42,8 @@ def test_prefix_hits_on_target_and_draft_keep_float64_greedy_output(ckpts):
     assert off.engine.kv_pools()["target"].stats.hit_tokens == 0 == off.engine.kv_pools()["draft"].stats.hit_tokens
 
 
+@pytest.mark.skipif(why_not_hardware() is not None, reason=f"hardware: {why_not_hardware()} (bf16 is exact only on the "
+                                                          f"native kernels; float64 is checked above)")
 def test_prefix_hits_keep_bf16_greedy_output_on_the_native_kernels(llms):
     target, draft = resolve_model_path("qwen3-target"), resolve_model_path("smollm2-draft")
     llm = spec_llm(target, draft, "bfloat16")

@@ -1,7 +1,9 @@
 """Live servers for the server tests: `python -m anydraft.cli serve` on a free 127.0.0.1 port, started and stopped
 by the tests, driven by the official `openai` client.
 
-- `shipped_server`: the command with no model flags (the embedded qwen3-target + smollm2-draft pair, bf16).
+- `shipped_server`: the command with no model flags (the embedded qwen3-target + smollm2-draft pair, bf16), where the
+  native kernels run; elsewhere with `--dtype float64` (SHIPPED_DTYPE_ARGS): bf16 texts are the same whatever the
+  batch only on the native kernels (docs/guarantees.md), and the tests compare batched with one-at-a-time texts.
 - `tiny_server`: a tiny random qwen3-vocabulary target in float64 (its greedy text has many tokens that are
   partial UTF-8) whose tokenizer config lacks a chat template, with a TLI draft on the llama2 tokenizer
   (SentencePiece), an API key, and max_model_len 128. Speculation is not adaptive here: adaptive k follows
@@ -30,6 +32,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))   # tiny_models: random checkpoints on real tokenizers
 
 from tiny_models import TOKENIZERS, Checkpoints  # noqa: E402
+
+from anydraft.model.native_extension import why_not_hardware  # noqa: E402
 
 if not TOKENIZERS.is_dir():
     pytest.skip(f"real tokenizers not found at {TOKENIZERS}", allow_module_level=True)
@@ -110,9 +114,12 @@ def stop_server(server: LiveServer) -> None:
         server.process.wait()
 
 
+SHIPPED_DTYPE_ARGS = [] if why_not_hardware() is None else ["--dtype", "float64"]
+
+
 @pytest.fixture(scope="session")
 def shipped_server(tmp_path_factory):
-    server = start_server(["--max-num-seqs", "16"], tmp_path_factory.mktemp("logs") / "shipped.log")
+    server = start_server(["--max-num-seqs", "16", *SHIPPED_DTYPE_ARGS], tmp_path_factory.mktemp("logs") / "shipped.log")
     yield server
     stop_server(server)
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from conftest import REPO_ROOT, start_server, stop_server
+from conftest import REPO_ROOT, SHIPPED_DTYPE_ARGS, start_server, stop_server
 from tiny_models import GSM8K_TEST
 
 NUM_QUESTIONS = 8
@@ -62,7 +62,8 @@ def results(tmp_path_factory, shipped_server):
     write_tasks(task_dir)
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                       HF_DATASETS_CACHE=str(tmp_path_factory.mktemp("hf_datasets")))
-    alone = start_server(["--draft", "none", "--max-num-seqs", "4"], tmp_path_factory.mktemp("logs") / "alone.log")
+    alone = start_server(["--draft", "none", "--max-num-seqs", "4", *SHIPPED_DTYPE_ARGS],
+                         tmp_path_factory.mktemp("logs") / "alone.log")
     try:
         return evaluate(shipped_server, task_dir), evaluate(alone, task_dir)
     finally:
