@@ -27,4 +27,8 @@ python train/train.py grow smollm2-target --threads 1 > runs/logs/smollm2-target
 LOG1=mistral-target LOG2=mistral-draft both \
   python train/train.py train mistral-target --threads 1 :: \
   python train/train.py train mistral-draft --distill qwen3-target --threads 1
+# smollm2-draft, the default draft: fitted to qwen3-target's sampled distribution at T 0.7 (docs/distillation.md)
+python -m anydraft distill --target qwen3-target --draft models/smollm2-draft --corpus ../shared/data/gsm8k/train.jsonl \
+  --out runs/smollm2-draft-t07 --steps 300 --num-prompts 512 --held-out 32 --batch-size 8 --lr 5e-4 --eval-every 50 \
+  --json > runs/logs/smollm2-draft-distill.json && cp runs/smollm2-draft-t07/{model.safetensors,distill.json} models/smollm2-draft/
 python train/train.py eval --threads 1 | tee runs/logs/eval.log

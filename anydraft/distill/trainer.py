@@ -199,9 +199,11 @@ class Distiller:
         return True
 
     def write_checkpoint(self, summary: dict) -> None:
-        """A standard HF checkpoint of the draft (its dtype as shipped), its tokenizer files, and distill.json."""
-        dtype = getattr(self.student.config, "torch_dtype", None) or torch.bfloat16
-        self.student.to(dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype)))
+        """A standard HF checkpoint of the draft in the starting checkpoint's dtype (trained in float32), its tokenizer
+        files, and distill.json."""
+        raw = json.loads((self.draft_path / "config.json").read_text())
+        dtype = getattr(torch, str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"))
+        self.student.to(dtype)
         self.student.save_pretrained(str(self.out), safe_serialization=True)
         self.student.float()
         for name in TOKENIZER_FILES:
