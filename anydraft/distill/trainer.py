@@ -6,8 +6,7 @@ import json
 import math
 import random
 import shutil
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch

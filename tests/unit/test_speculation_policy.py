@@ -149,7 +149,6 @@ def test_greedy_and_sampled_rows_are_priced_with_their_own_acceptance_and_costs(
 
 def test_a_block_drafter_costs_one_forward_whatever_k():
     """DSpark drafts a block in one forward: a dear forward, then every k costs the same and the most wins."""
-    machine = Machine(target=lambda tokens: 0.010, draft=lambda rows: 0.0, acceptance=0.8)
     policy = AdaptiveK(4, draft_forwards=lambda k: 1 if k else 0)
     for _ in range(200):
         k = policy.plan(BatchView(rows=1)).k
