@@ -114,8 +114,9 @@ class Distiller:
         continuations = sample_continuations(cfg.target, chosen, cfg.temperature, cfg.max_tokens, cfg.seed,
                                              batch_size=64, progress=progress)
         examples = [align(self.resync, self.target_tokenizer.encode(p), p, c) for p, c in zip(chosen, continuations)]
-        examples = [e for e in examples if e.target_positions]
-        self.train, self.held_out = examples[:-cfg.held_out], examples[-cfg.held_out:]
+        # Split by prompt before dropping examples with no shared boundary, so no training prompt becomes held-out.
+        self.train = [e for e in examples[:cfg.num_prompts] if e.target_positions]
+        self.held_out = [e for e in examples[cfg.num_prompts:] if e.target_positions]
 
     # -- the objective on one example ----------------------------------------------------------------------
     def _target_probs(self, example: Example) -> torch.Tensor:   # [M, N]
