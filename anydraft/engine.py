@@ -31,15 +31,13 @@ class Engine:
     """
 
     def __init__(self, target: ModelRunner, tokenizer: Tokenizer, proposer: Proposer, max_model_len: int,
-                 max_num_batched_tokens: int | None = None, adaptive: bool = False, prefix_caching: bool = True,
-                 policy: SpeculationPolicy | None = None):
+                 max_num_batched_tokens: int | None = None, adaptive: bool = False, prefix_caching: bool = True):
         self.target, self.tokenizer, self.proposer = target, tokenizer, proposer
         self.target_step = TargetStep(target, proposer)   # greedy vs sampled rows, target forward, verification
         self.k = proposer.num_speculative_tokens   # the most tokens a step drafts
         # How many of them each step drafts: adaptive picks 0..k for the most expected tokens per second.
-        if policy is None:
-            policy = AdaptiveK(self.k, proposer.draft_forwards) if adaptive and self.k else FixedK(self.k)
-        self.policy = policy
+        self.policy: SpeculationPolicy = (AdaptiveK(self.k, proposer.draft_forwards) if adaptive and self.k
+                                          else FixedK(self.k))
         # Prompt + output tokens per request. The target cache holds all but the last of them plus the k+1 of a
         # verification forward, so it needs max_model_len + k entries (LLM allocates that): then speculative
         # and target-alone decoding stop at the same length.

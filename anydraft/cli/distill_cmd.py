@@ -89,16 +89,16 @@ def run(args: argparse.Namespace) -> int:
                "held_out_positions": sum(len(e.target_positions) for e in distiller.held_out),
                "held_out_acceptance_before": before, "held_out_acceptance_after": after,
                "history": distiller.history}
+    distiller.write_checkpoint()   # before AL: the engine loads the distilled draft from --out
     if args.measure_al:
         prompts = corpus_prompts(cfg.corpus)[-cfg.held_out:]
-        distiller.write_checkpoint(summary)   # the engine loads the draft from --out
         summary["acceptance_length_k3_before"] = measure_al(cfg.target, cfg.draft, prompts, cfg.temperature,
                                                             cfg.max_tokens, cfg.seed)
         summary["acceptance_length_k3_after"] = measure_al(cfg.target, str(distiller.out), prompts, cfg.temperature,
                                                            cfg.max_tokens, cfg.seed)
     summary["seconds"] = time.perf_counter() - start
     summary["provenance"] = provenance()
-    distiller.write_checkpoint(summary)
+    distiller.write_summary(summary)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -59,7 +59,7 @@ class Columns:
     target_ids: torch.Tensor   # [N]
 
 
-def intersection_columns(bridge: VocabBridge, draft_tokenizer: Tokenizer) -> Columns:
+def intersection_columns(bridge: VocabBridge) -> Columns:
     if bridge.is_identity:
         ids = torch.nonzero(bridge.draft_in_intersection).flatten()
         return Columns(ids, ids)
@@ -76,8 +76,8 @@ def load_hf(path: Path):
 
 
 class Distiller:
-    def __init__(self, cfg: DistillConfig, log=print):
-        self.cfg, self.log = cfg, log
+    def __init__(self, cfg: DistillConfig):
+        self.cfg = cfg
         self.target_path, self.draft_path = resolve_model_path(cfg.target), resolve_model_path(cfg.draft)
         self.out = Path(cfg.out)
         self.target_tokenizer = Tokenizer.from_dir(self.target_path)
@@ -86,7 +86,7 @@ class Distiller:
         self.student = load_hf(self.draft_path)
         bridge = VocabBridge.build(self.target_tokenizer, self.draft_tokenizer,
                                    self.teacher.config.vocab_size, self.student.config.vocab_size)
-        self.columns = intersection_columns(bridge, self.draft_tokenizer)
+        self.columns = intersection_columns(bridge)
         self.resync = DraftResync(bridge, self.target_tokenizer, self.draft_tokenizer)
         self.num_token_rows = min(self.target_tokenizer.vocab_size, self.teacher.config.vocab_size)
         # Rows of the draft's embedding that are exactly zero (tokens its training never saw) stay zero: the
@@ -198,9 +198,9 @@ class Distiller:
         self.held_out = [Example(**e) for e in state["held_out"]]
         return True
 
-    def write_checkpoint(self, summary: dict) -> None:
-        """A standard HF checkpoint of the draft in the starting checkpoint's dtype (trained in float32), its tokenizer
-        files, and distill.json."""
+    def write_checkpoint(self) -> None:
+        """A standard HF checkpoint of the draft in the starting checkpoint's dtype (trained in float32) and its
+        tokenizer files."""
         raw = json.loads((self.draft_path / "config.json").read_text())
         dtype = getattr(torch, str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"))
         self.student.to(dtype)
@@ -209,4 +209,6 @@ class Distiller:
         for name in TOKENIZER_FILES:
             if (self.draft_path / name).exists():
                 shutil.copy(self.draft_path / name, self.out / name)
+
+    def write_summary(self, summary: dict) -> None:
         (self.out / "distill.json").write_text(json.dumps(summary, indent=1))

@@ -65,17 +65,25 @@ class StepCosts:
     target: MedianCost = None        # verification forward, by tokens read
     draft_first: MedianCost = None   # a proposal's first draft forward, by rows
     draft_next: MedianCost = None    # each further one, by rows
-    host: dict[int, deque] = field(default_factory=dict)   # k -> recent host seconds
+    host: dict[int, deque] = field(default_factory=dict)       # k -> recent host seconds
+    host_median: dict[int, float] = field(default_factory=dict)   # k -> their median (kept as they come: plans read it)
 
     def __post_init__(self):
         self.target, self.draft_first, self.draft_next = (MedianCost(self.window) for _ in range(3))
 
+    def observe_host(self, k: int, seconds: float) -> None:
+        recent = self.host.get(k)
+        if recent is None:
+            recent = self.host[k] = deque(maxlen=self.window)
+        recent.append(seconds)
+        self.host_median[k] = statistics.median(recent)
+
     def host_seconds(self, k: int) -> float:
         """Measured at k, else at the nearest k of the same kind (drafting or not), else the nearest at all."""
-        if k in self.host:
-            return statistics.median(self.host[k])
-        pool = [j for j in self.host if (j > 0) == (k > 0)] or list(self.host)
-        return statistics.median(self.host[min(pool, key=lambda j: (abs(j - k), j))]) if pool else 0.0
+        if k in self.host_median:
+            return self.host_median[k]
+        pool = [j for j in self.host_median if (j > 0) == (k > 0)] or list(self.host_median)
+        return self.host_median[min(pool, key=lambda j: (abs(j - k), j))] if pool else 0.0
 
 
 def one_forward_per_token(num_tokens: int) -> int:
@@ -169,10 +177,7 @@ class AdaptiveK:
             if forwards > 1:
                 costs.draft_next.observe(rows, later / (forwards - 1))
         costs.target.observe(target_tokens, record.target_seconds)
-        host = costs.host.get(k)
-        if host is None:
-            host = costs.host[k] = deque(maxlen=self.params.memory_steps)
-        host.append(record.host_seconds)
+        costs.observe_host(k, record.host_seconds)
 
     def _observe_acceptance(self, record: StepRecord) -> None:
         if not record.k:
