@@ -18,7 +18,6 @@ from ..model.speculators_config import SpeculatorsConfig
 from ..tensors import host_to_device
 from .proposer import Proposal, SamplingBatch, empty_proposal
 from .reduced_vocab import ReducedVocab
-from .sampling import draw_uniforms, logits_to_probs, sample_from_probs
 from .target_states import TargetStateLog
 
 
@@ -93,15 +92,9 @@ class DSparkProposer:
             slot = self.first_slot + i
             head_logits = head_logits_all[:, slot:slot + 1] + self.module.markov_bias(previous)   # [B, 1, N]
             head_logits = self.vocab.mask_padding(head_logits)
-            if sampling is None:
-                chosen = self.vocab.greedy_target_ids(head_logits)
-            else:
-                target_probs = logits_to_probs(self.vocab.target_logits(head_logits), sampling.temperature,
-                                               sampling.top_k, sampling.top_p, sampling.any_greedy)
-                head_probs = self.vocab.head_probs(target_probs)
-                chosen = self.vocab.to_target(sample_from_probs(head_probs, draw_uniforms(sampling.randoms, 1,
-                                                                                          self.device)))
-                draft_probs.append(target_probs)
+            chosen, target_probs = self.vocab.draw(head_logits, sampling)                 # [B, 1] target ids
+            if target_probs is not None:
+                draft_probs.append(target_probs)                                          # [B, 1, V_target]
             draft_target_ids.append(chosen)
             previous = chosen
         probs = None if sampling is None else torch.cat(draft_probs, dim=1)

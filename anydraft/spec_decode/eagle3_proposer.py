@@ -17,7 +17,6 @@ from ..model.kv_cache import KVCache
 from ..tensors import host_to_device
 from .proposer import Proposal, SamplingBatch, empty_proposal
 from .reduced_vocab import ReducedVocab
-from .sampling import draw_uniforms, logits_to_probs, sample_from_probs
 from .target_states import TargetStateLog
 
 
@@ -86,15 +85,9 @@ class Eagle3Proposer:
         draft_target_ids, draft_probs = [], []
         for i in range(k):
             head_logits = self.vocab.mask_padding(self.module.logits(carried))             # [B, 1, N]
-            if sampling is None:
-                chosen = self.vocab.greedy_target_ids(head_logits)                         # [B, 1] target ids
-            else:
-                target_probs = logits_to_probs(self.vocab.target_logits(head_logits), sampling.temperature,
-                                               sampling.top_k, sampling.top_p, sampling.any_greedy)   # [B, 1, V_target]
-                head_probs = self.vocab.head_probs(target_probs)                           # [B, 1, N]
-                chosen = self.vocab.to_target(sample_from_probs(head_probs, draw_uniforms(sampling.randoms, 1,
-                                                                                          self.device)))
-                draft_probs.append(target_probs)
+            chosen, target_probs = self.vocab.draw(head_logits, sampling)                 # [B, 1] target ids
+            if target_probs is not None:
+                draft_probs.append(target_probs)                                          # [B, 1, V_target]
             draft_target_ids.append(chosen)
             if i == 0:
                 first_done = time.perf_counter()

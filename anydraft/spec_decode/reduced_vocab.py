@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from ..tensors import greedy_argmax
+from .proposer import SamplingBatch
+from .sampling import draw_uniforms, logits_to_probs, sample_from_probs
 
 
 class ReducedVocab:
@@ -55,3 +57,15 @@ class ReducedVocab:
     def head_probs(self, target_probs: torch.Tensor) -> torch.Tensor:
         """[B, 1, V_target] -> [B, 1, N]: the same probabilities at the head's rows (a draw over N, not V)."""
         return target_probs if self.head_to_target is None else target_probs.index_select(-1, self.head_to_target)
+
+    def draw(self, head_logits: torch.Tensor,          # [B, 1, N]
+             sampling: SamplingBatch | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft token per row as the step's SamplingBatch says: ([B, 1] target ids, None) by argmax when no
+        row samples, else a draw from each row's processed distribution and that q, [B, 1, V_target], for
+        rejection sampling (top-k / top-p cut in the target vocabulary, as the target's are)."""
+        if sampling is None:
+            return self.greedy_target_ids(head_logits), None
+        target_probs = logits_to_probs(self.target_logits(head_logits), sampling.temperature, sampling.top_k,
+                                       sampling.top_p, sampling.any_greedy)                # [B, 1, V_target]
+        uniforms = draw_uniforms(sampling.randoms, 1, head_logits.device)                  # [B, 1]
+        return self.to_target(sample_from_probs(self.head_probs(target_probs), uniforms)), target_probs

