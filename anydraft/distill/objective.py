@@ -34,6 +34,12 @@ def acceptance(target_probs: torch.Tensor, proposal_log_probs_: torch.Tensor) ->
     return torch.minimum(target_probs, proposal_log_probs_.exp()).sum(dim=-1)
 
 
+def one_hot_acceptance(target_probs: torch.Tensor, proposal_log_probs_: torch.Tensor) -> torch.Tensor:   # [M]
+    """p(argmax q) per position: the chance a greedily drafted token is accepted when the verifier treats it as a
+    one-hot proposal (q = 1 at the token), which is how vLLM verifies a custom_class proposer's tokens."""
+    return target_probs.gather(-1, proposal_log_probs_.argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
 def distillation_loss(target_probs: torch.Tensor,          # [M, N]
                       proposal_log_probs_: torch.Tensor,   # [M, N]
                       kind: str) -> torch.Tensor:          # scalar

@@ -119,13 +119,13 @@ class Distiller:
         self.held_out = [e for e in examples[cfg.num_prompts:] if e.target_positions]
 
     # -- the objective on one example ----------------------------------------------------------------------
-    def _target_probs(self, example: Example) -> torch.Tensor:   # [M, N]
+    def target_probs_at(self, example: Example) -> torch.Tensor:   # [M, N]
         with torch.no_grad():
             hidden = self.teacher.model(torch.tensor([example.target_ids])).last_hidden_state[0]   # [L, hidden]
             logits = self.teacher.lm_head(hidden[example.target_positions])                       # [M, V_target]
             return target_probs_on(logits, self.columns.target_ids, self.cfg.temperature, self.num_token_rows)
 
-    def _proposal_log_probs(self, example: Example) -> torch.Tensor:   # [M, N]
+    def proposal_log_probs_at(self, example: Example) -> torch.Tensor:   # [M, N]
         hidden = self.student.model(torch.tensor([example.draft_ids])).last_hidden_state[0]
         logits = self.student.lm_head(hidden[example.draft_positions])[:, self.columns.draft_ids]
         return proposal_log_probs(logits, self.cfg.temperature)
@@ -135,7 +135,7 @@ class Distiller:
         total, count = 0.0, 0
         with torch.no_grad():
             for example in examples:
-                accepted = acceptance(self._target_probs(example), self._proposal_log_probs(example))
+                accepted = acceptance(self.target_probs_at(example), self.proposal_log_probs_at(example))
                 total, count = total + accepted.sum().item(), count + len(accepted)
         return total / max(count, 1)
 
@@ -154,7 +154,7 @@ class Distiller:
             self.optimizer.zero_grad()
             loss_total = 0.0
             for example in batch:   # each weighted by its positions: the mean over the batch's boundaries
-                loss = distillation_loss(self._target_probs(example), self._proposal_log_probs(example), cfg.loss)
+                loss = distillation_loss(self.target_probs_at(example), self.proposal_log_probs_at(example), cfg.loss)
                 (loss * len(example.target_positions) / positions).backward()
                 loss_total += loss.item() * len(example.target_positions) / positions
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from anydraft.distill.examples import align
-from anydraft.distill.objective import acceptance, distillation_loss, proposal_log_probs, target_probs_on
+from anydraft.distill.objective import (acceptance, distillation_loss, one_hot_acceptance, proposal_log_probs,
+                                       target_probs_on)
 from anydraft.vocab.bridge import VocabBridge
 from anydraft.vocab.resync import DraftResync
 
@@ -23,6 +24,16 @@ def test_acceptance_is_one_minus_total_variation_with_the_draft_inside_the_inter
     tv = 0.5 * (full_p - full_q).abs().sum()
     assert acceptance(p, log_q).item() == pytest.approx(1 - tv.item())
     assert acceptance(p, log_q).item() == pytest.approx(0.2 + 0.2 + 0.1)
+
+
+def test_one_hot_acceptance_is_the_targets_probability_of_the_drafts_argmax():
+    p = torch.tensor([[0.2, 0.2, 0.1], [0.5, 0.1, 0.3]], dtype=torch.float64)         # within the intersection
+    log_q = torch.log(torch.tensor([[0.2, 0.5, 0.3], [0.1, 0.1, 0.8]], dtype=torch.float64))
+    assert one_hot_acceptance(p, log_q).tolist() == [0.2, 0.3]
+    # Drawing from q and verifying with q accepts more than verifying its argmax as one-hot whenever q spreads
+    # like p: q = p restricted to the intersection gives the total intersection mass for the first.
+    q_like_p = torch.log(p / p.sum(dim=-1, keepdim=True))
+    assert (acceptance(p, q_like_p) > one_hot_acceptance(p, q_like_p)).all()
 
 
 def test_padding_rows_never_take_target_probability():
