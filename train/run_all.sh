@@ -31,4 +31,12 @@ LOG1=mistral-target LOG2=mistral-draft both \
 python -m anydraft distill --target qwen3-target --draft models/smollm2-draft --corpus ../shared/data/gsm8k/train.jsonl \
   --out runs/smollm2-draft-t07 --steps 300 --num-prompts 512 --held-out 32 --batch-size 8 --lr 5e-4 --eval-every 50 \
   --json > runs/logs/smollm2-draft-distill.json && cp runs/smollm2-draft-t07/{model.safetensors,distill.json} models/smollm2-draft/
+# qwen3-draft (for smollm2-target) and mistral-draft (for qwen3-target), fitted the same way, side by side
+distill_draft() {  # TARGET DRAFT: 200 steps, 384 continuations, into models/DRAFT
+  python -m anydraft distill --target "$1" --draft "models/$2" --corpus ../shared/data/gsm8k/train.jsonl \
+    --out "runs/$2-t07" --steps 200 --num-prompts 384 --held-out 32 --batch-size 8 --lr 5e-4 --eval-every 50 \
+    --threads 1 --json && cp "runs/$2-t07"/{model.safetensors,distill.json} "models/$2/"
+}
+LOG1=qwen3-draft-distill LOG2=mistral-draft-distill both \
+  distill_draft smollm2-target qwen3-draft :: distill_draft qwen3-target mistral-draft
 python train/train.py eval --threads 1 | tee runs/logs/eval.log
