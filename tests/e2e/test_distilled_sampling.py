@@ -3,12 +3,13 @@
 Each shipped draft was fitted to its target's T 0.7 distribution (docs/distillation.md); a draft closer to the
 target must change how often drafts are accepted, never what is emitted. For each pair, many seeded requests
 sample two tokens at T 0.7 with k = 3 (float64): the first comes from the prompt's forward, the second from the
-first verification step (an accepted draft or a recovered token). Both are tested against the target's exact
-softmax (chi-square), and, as the negative control, the second against the same context's softmax at T 1.0: the
-kind of law a verifier that mishandles temperature produces, which the test must reject.
+first verification step (an accepted draft or a recovered token). The pairs are tested against the target's exact
+joint law (chi-square over (first, second) pairs), and, as the negative control, against the joint law with the
+second token at T 1.0: the kind of law a verifier that mishandles temperature produces, which must be rejected.
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import pytest
@@ -27,24 +28,37 @@ NUM_SAMPLES = 1024
 P_VALUE_MIN = 1e-3
 
 
-def goodness_of_fit(target_ids: list[int], probs: torch.Tensor, min_expected: float = 5.0) -> float:
-    """p-value of observed tokens against exact probabilities; tokens expected < 5 times are binned together."""
-    n, counts = len(target_ids), Counter(target_ids)
-    expected = probs.double() * n
-    kept = torch.nonzero(expected >= min_expected).flatten().tolist()
-    observed, expected_kept = [counts[t] for t in kept], [float(expected[t]) for t in kept]
-    if n - sum(expected_kept) > 0:
-        observed.append(n - sum(observed))
-        expected_kept.append(n - sum(expected_kept))
-    return float(chisquare(observed, expected_kept).pvalue)
+@functools.lru_cache(maxsize=None)
+def reference_model(target: str):
+    return load_model(str(resolve_model_path(target)), torch.float64, torch.device("cpu"))[0]
 
 
 @torch.inference_mode()
-def target_probs(target: str, target_ids: list[int], temperature: float) -> torch.Tensor:   # [V_rows] float64
-    """The target alone's next-token law after target_ids: the whole sequence through the model, no cache."""
-    model = load_model(str(resolve_model_path(target)), torch.float64, torch.device("cpu"))[0]
-    logits = model.logits(model(torch.tensor([target_ids]))[:, -1])[0]
+def next_token_probs(target: str, target_ids: tuple[int, ...], temperature: float) -> torch.Tensor:   # [V_rows]
+    """The target alone's next-token law after target_ids, float64: the whole sequence through the model, no cache."""
+    model = reference_model(target)
+    logits = model.logits(model(torch.tensor([list(target_ids)]))[:, -1])[0]
     return (logits / temperature).softmax(-1)
+
+
+def joint_p_value(target: str, prompt_ids: tuple[int, ...], pairs: list[tuple[int, int]],
+                  second_temperature: float, min_expected: float = 5.0) -> float:
+    """Chi-square p-value of the observed (first, second) token pairs against the target's exact joint law: first
+    token at TEMPERATURE, second at second_temperature given the first. Bins: every pair expected >= 5 times
+    after a first token seen at least 20 times; the rest together."""
+    n, counts = len(pairs), Counter(pairs)
+    first_law = next_token_probs(target, prompt_ids, TEMPERATURE)
+    observed, expected = [], []
+    for first, seen in Counter(p[0] for p in pairs).items():
+        if seen < 20:
+            continue
+        joint = n * first_law[first] * next_token_probs(target, prompt_ids + (first,), second_temperature)
+        for second in torch.nonzero(joint >= min_expected).flatten().tolist():
+            observed.append(counts[(first, second)])
+            expected.append(float(joint[second]))
+    observed.append(n - sum(observed))
+    expected.append(n - sum(expected))
+    return float(chisquare(observed, expected).pvalue)
 
 
 @pytest.mark.parametrize("target,draft", PAIRS)
@@ -57,15 +71,7 @@ def test_sampled_tokens_with_a_distilled_draft_follow_the_target(target, draft):
     pairs = [tuple(o.outputs[0].token_ids) for o in outputs]
     assert all(len(p) == 2 for p in pairs)
     assert llm.stats.num_drafted > 0   # the second tokens went through verification of drafts
-    prompt_ids = list(outputs[0].prompt_token_ids)
-
-    first = [p[0] for p in pairs]
-    assert goodness_of_fit(first, target_probs(target, prompt_ids, TEMPERATURE)) > P_VALUE_MIN
-
-    common_first = Counter(first).most_common(1)[0][0]
-    second = [p[1] for p in pairs if p[0] == common_first]
-    assert len(second) >= 300, f"only {len(second)} samples after the most common first token"
-    context = prompt_ids + [common_first]
-    assert goodness_of_fit(second, target_probs(target, context, TEMPERATURE)) > P_VALUE_MIN
-    # negative control: the same samples against the law at another temperature must be rejected
-    assert goodness_of_fit(second, target_probs(target, context, 1.0)) < P_VALUE_MIN
+    prompt_ids = tuple(outputs[0].prompt_token_ids)
+    assert joint_p_value(target, prompt_ids, pairs, TEMPERATURE) > P_VALUE_MIN
+    # negative control: the second tokens against the law at another temperature must be rejected
+    assert joint_p_value(target, prompt_ids, pairs, 1.0) < P_VALUE_MIN
