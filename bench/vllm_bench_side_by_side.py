@@ -5,6 +5,9 @@ each repeat runs every server at every setting in turn, and one JSON collects vL
         --server ours=http://127.0.0.1:8000 --server today=http://127.0.0.1:8001 \
         --workload random-128-64 --concurrency 1 16 64 --json bench/results/<date>/throughput.json
 
+`--variant LABEL=ARGS` adds `vllm bench serve` arguments to one server's runs, e.g. the same server twice, once
+asking for logprobs: `--server plain=URL --server logprobs=URL --variant "logprobs=--logprobs 5"`.
+
 Workloads: random-128-64 (`--dataset-name random --random-input-len 128 --random-output-len 64`) and
 shared-prefix (`--random-prefix-len 1024 --random-input-len 64 --random-output-len 32`).
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -28,13 +32,13 @@ KEPT = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_
         "mean_itl_ms", "completed", "total_output_tokens")
 
 
-def run_once(args, url: str, model: str, workload: str, concurrency: int) -> dict:
+def run_once(args, url: str, model: str, workload: str, concurrency: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as out:
         command = [args.vllm_python, "-c", VLLM_CLI, "bench", "serve", "--base-url", url, "--model", model,
                    "--tokenizer", args.tokenizer, "--dataset-name", "random", *WORKLOADS[workload],
                    "--max-concurrency", str(concurrency), "--num-prompts", str(max(args.min_prompts, 4 * concurrency)),
                    "--ignore-eos", "--seed", str(args.seed), "--save-result", "--result-dir", out,
-                   "--result-filename", "r.json"]
+                   "--result-filename", "r.json", *extra]
         subprocess.run(command, check=True, capture_output=True, text=True)
         result = json.loads((Path(out) / "r.json").read_text())
     return {k: result.get(k) for k in KEPT}
@@ -51,14 +55,21 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-prompts", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
+                   help="extra `vllm bench serve` arguments for one server label")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     servers = dict(s.split("=", 1) for s in args.server)
+    extras = {label: shlex.split(extra) for label, extra in (v.split("=", 1) for v in args.variant)}
+    unknown = set(extras) - set(servers)
+    if unknown:
+        p.error(f"--variant names labels with no --server: {sorted(unknown)}")
     runs = {label: {c: [] for c in args.concurrency} for label in servers}
     for _ in range(args.repeats):
         for concurrency in args.concurrency:
             for label, url in servers.items():
-                runs[label][concurrency].append(run_once(args, url, args.model, args.workload, concurrency))
+                runs[label][concurrency].append(run_once(args, url, args.model, args.workload, concurrency,
+                                                         extras.get(label, [])))
     labels = list(servers)
     print(f"| {args.workload} | " + " | ".join(f"{l} tok/s | {l} mean TTFT ms" for l in labels) + " |")
     print("|---|" + "---|---|" * len(labels))
