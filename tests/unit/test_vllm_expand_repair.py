@@ -21,6 +21,12 @@ def test_expand_to_tokens_gives_each_request_its_value(dtype):
     assert output.tolist() == [1, 1, 3, 3, 3]
 
 
+def test_expand_to_tokens_leaves_positions_past_the_requests_alone():
+    output = torch.full((4,), 9.0)
+    expand_to_tokens(output, torch.tensor([0.5]), torch.tensor([2]), 0, 1)
+    assert output.tolist() == [0.5, 0.5, 9.0, 9.0]
+
+
 def test_expand_to_tokens_keeps_fractions():
     output = torch.zeros(5)
     expand_to_tokens(output, torch.tensor([0.7, 1.3]), torch.tensor([1, 5]), 0, 1)

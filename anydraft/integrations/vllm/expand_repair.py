@@ -29,8 +29,8 @@ def expand_to_tokens(output: torch.Tensor,          # [num_tokens] written in pl
     ends = cu_num_tokens.to(torch.long)
     counts = torch.diff(ends, prepend=ends.new_zeros(1))
     values = torch.where(input_values == replace_from, torch.full_like(input_values, replace_to), input_values)
-    expanded = values.repeat_interleave(counts, output_size=int(output.shape[0]))
-    output.copy_(expanded)
+    expanded = values.repeat_interleave(counts)   # the kernel writes only the requests' tokens, so do we
+    output[:expanded.shape[0]].copy_(expanded)
 
 
 def expand_is_broken() -> bool:
