@@ -4,11 +4,11 @@ hub): a GSM8K generate task (0-shot, exact match on the number) and a loglikelih
 question's true answer and two wrong ones). The per-question outputs and per-item log-likelihoods must agree."""
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
+from anydraft.eval import lm_eval_tasks
 from conftest import REPO_ROOT, SHIPPED_DTYPE_ARGS, start_server, stop_server
 from tiny_models import GSM8K_TEST
 
@@ -17,49 +17,15 @@ MAX_GEN_TOKS = 96
 LOGLIKELIHOOD_TOLERANCE = 1e-4   # the issue's bound for bf16 (the native kernels make them equal exactly)
 
 
-def write_tasks(directory) -> None:
-    """Two lm-eval tasks over the first GSM8K test questions, as YAML + JSON lines in `directory`."""
-    rows = [json.loads(line) for line in GSM8K_TEST.read_text().splitlines()[:NUM_QUESTIONS]]
-    data = directory / "gsm8k_local.jsonl"
-    with data.open("w") as f:
-        for row in rows:
-            number = row["answer"].split("####")[-1].strip()
-            wrong = [str(int(number.replace(",", "")) + 1), str(int(number.replace(",", "")) * 2 + 3)]
-            f.write(json.dumps({"question": row["question"], "number": number,
-                                "choices": [number] + wrong, "label": 0}) + "\n")
-    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
-              "doc_to_text: \"Question: {{question}}\\nAnswer:\"\n")
-    (directory / "generate.yaml").write_text(
-        "task: anydraft_gsm8k_generate\n" + common +
-        "output_type: generate_until\ndoc_to_target: \"{{number}}\"\n"
-        f"generation_kwargs:\n  until: [\"\\nQuestion:\"]\n  max_gen_toks: {MAX_GEN_TOKS}\n  do_sample: false\n"
-        "  temperature: 0\n"
-        "filter_list:\n  - name: number\n    filter:\n"
-        "      - function: regex\n        regex_pattern: \"#### (\\\\-?[0-9\\\\.\\\\,]+)\"\n"
-        "      - function: take_first\n"
-        "metric_list:\n  - metric: exact_match\n")
-    (directory / "choice.yaml").write_text(
-        "task: anydraft_gsm8k_choice\n" + common +
-        "output_type: multiple_choice\ndoc_to_choice: \"{{choices}}\"\ndoc_to_target: label\n"
-        "target_delimiter: \" #### \"\nmetric_list:\n  - metric: acc\n")
-
-
 def evaluate(server, task_dir) -> dict:
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-    model_args = {"model": "qwen3-target", "base_url": f"{server.base_url}/v1/completions",
-                  "tokenizer_backend": "huggingface", "tokenizer": str(REPO_ROOT / "models" / "qwen3-target"),
-                  "num_concurrent": 1, "max_retries": 1, "timeout": 600}
-    return lm_eval.simple_evaluate(model="local-completions", model_args=model_args,
-                                   tasks=["anydraft_gsm8k_generate", "anydraft_gsm8k_choice"],
-                                   task_manager=TaskManager(include_path=str(task_dir)), log_samples=True)
+    return lm_eval_tasks.evaluate(server.base_url, task_dir, REPO_ROOT / "models" / "qwen3-target")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, shipped_server):
     """lm-eval's results through the server with the default draft and through the target alone."""
     task_dir = tmp_path_factory.mktemp("lm_eval_tasks")
-    write_tasks(task_dir)
+    lm_eval_tasks.write_tasks(task_dir, GSM8K_TEST, NUM_QUESTIONS, MAX_GEN_TOKS)
     os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                       HF_DATASETS_CACHE=str(tmp_path_factory.mktemp("hf_datasets")))
     alone = start_server(["--draft", "none", "--max-num-seqs", "4", *SHIPPED_DTYPE_ARGS],
@@ -71,7 +37,7 @@ def results(tmp_path_factory, shipped_server):
 
 
 def by_doc(result: dict, task: str) -> list[dict]:
-    return sorted(result["samples"][task], key=lambda s: s["doc_id"])
+    return lm_eval_tasks.samples_by_doc(result, task)
 
 
 def test_generate_task_gives_the_target_alones_outputs_and_score(results, shipped_server):
