@@ -33,7 +33,7 @@ def test_expand_to_tokens_keeps_fractions():
     assert torch.allclose(output, torch.tensor([0.7, 1.3, 1.3, 1.3, 1.3]))
 
 
-def stand_in_vllm(monkeypatch, broken: bool) -> dict:
+def stand_in_vllm(monkeypatch, broken: bool, cpu: bool = True) -> dict:
     """vllm.triton_utils.dispatcher.register_kernels and rejection_sampler.expand_batch_to_tokens, the latter routed
     through whatever kernel is registered; the starting kernel loses float values when `broken`."""
     registry: dict = {}
@@ -54,7 +54,9 @@ def stand_in_vllm(monkeypatch, broken: bool) -> dict:
     modules = {"vllm": types.ModuleType("vllm"), "vllm.triton_utils": types.ModuleType("vllm.triton_utils"),
                "vllm.triton_utils.dispatcher": types.ModuleType("vllm.triton_utils.dispatcher"),
                "vllm.v1": types.ModuleType("vllm.v1"), "vllm.v1.sample": types.ModuleType("vllm.v1.sample"),
-               "vllm.v1.sample.rejection_sampler": types.ModuleType("vllm.v1.sample.rejection_sampler")}
+               "vllm.v1.sample.rejection_sampler": types.ModuleType("vllm.v1.sample.rejection_sampler"),
+               "vllm.platforms": types.ModuleType("vllm.platforms")}
+    modules["vllm.platforms"].current_platform = types.SimpleNamespace(is_cpu=lambda: cpu)
     modules["vllm.triton_utils.dispatcher"].register_kernels = register_kernels
     modules["vllm.v1.sample.rejection_sampler"].expand_batch_to_tokens = expand_batch_to_tokens
     for name, module in modules.items():
@@ -74,7 +76,13 @@ def test_repair_leaves_a_correct_kernel_alone(monkeypatch):   # negative control
     assert registry == {}
 
 
+def test_repair_leaves_other_platforms_alone(monkeypatch):   # there Triton runs vLLM's own kernel
+    registry = stand_in_vllm(monkeypatch, broken=True, cpu=False)
+    assert repair_expand() is False
+    assert registry == {}
+
+
 def test_repair_without_vllms_registry_does_nothing(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))   # a vLLM without these modules
-    monkeypatch.setitem(sys.modules, "vllm.triton_utils", None)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", None)
     assert repair_expand() is False
