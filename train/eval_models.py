@@ -20,7 +20,7 @@ import time
 
 import torch
 
-import train as T
+import family as T
 from anydraft.model.kv_cache import KVCache
 from anydraft.tokenizer import Tokenizer
 from anydraft.vocab.token_bytes import TokenKind

@@ -9,7 +9,6 @@ second token at T 1.0: the kind of law a verifier that mishandles temperature pr
 """
 from __future__ import annotations
 
-import functools
 from collections import Counter
 
 import pytest
@@ -18,7 +17,8 @@ from scipy.stats import chisquare
 
 from anydraft import LLM
 from anydraft.config import SamplingParams
-from anydraft.model.loader import load_model, resolve_model_path
+from anydraft.model.loader import resolve_model_path
+from reference_model import reference_first_token_probs   # tests/engine: the target alone, float64, no cache
 
 PAIRS = [("qwen3-target", "smollm2-draft"), ("smollm2-target", "qwen3-draft"), ("qwen3-target", "mistral-draft")]
 PROMPT = ("Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -28,31 +28,19 @@ NUM_SAMPLES = 1024
 P_VALUE_MIN = 1e-3
 
 
-@functools.lru_cache(maxsize=None)
-def reference_model(target: str):
-    return load_model(str(resolve_model_path(target)), torch.float64, torch.device("cpu"))[0]
-
-
-@torch.inference_mode()
-def next_token_probs(target: str, target_ids: tuple[int, ...], temperature: float) -> torch.Tensor:   # [V_rows]
-    """The target alone's next-token law after target_ids, float64: the whole sequence through the model, no cache."""
-    model = reference_model(target)
-    logits = model.logits(model(torch.tensor([list(target_ids)]))[:, -1])[0]
-    return (logits / temperature).softmax(-1)
-
-
-def joint_p_value(target: str, prompt_ids: tuple[int, ...], pairs: list[tuple[int, int]],
+def joint_p_value(target: str, pairs: list[tuple[int, int]],
                   second_temperature: float, min_expected: float = 5.0) -> float:
     """Chi-square p-value of the observed (first, second) token pairs against the target's exact joint law: first
     token at TEMPERATURE, second at second_temperature given the first. Bins: every pair expected >= 5 times
     after a first token seen at least 20 times; the rest together."""
     n, counts = len(pairs), Counter(pairs)
-    first_law = next_token_probs(target, prompt_ids, TEMPERATURE)
+    target_dir = resolve_model_path(target)
+    first_law = reference_first_token_probs(target_dir, PROMPT, TEMPERATURE)
     observed, expected = [], []
     for first, seen in Counter(p[0] for p in pairs).items():
         if seen < 20:
             continue
-        joint = n * first_law[first] * next_token_probs(target, prompt_ids + (first,), second_temperature)
+        joint = n * first_law[first] * reference_first_token_probs(target_dir, PROMPT, second_temperature, after=(first,))
         for second in torch.nonzero(joint >= min_expected).flatten().tolist():
             observed.append(counts[(first, second)])
             expected.append(float(joint[second]))
@@ -71,7 +59,6 @@ def test_sampled_tokens_with_a_distilled_draft_follow_the_target(target, draft):
     pairs = [tuple(o.outputs[0].token_ids) for o in outputs]
     assert all(len(p) == 2 for p in pairs)
     assert llm.stats.num_drafted > 0   # the second tokens went through verification of drafts
-    prompt_ids = tuple(outputs[0].prompt_token_ids)
-    assert joint_p_value(target, prompt_ids, pairs, TEMPERATURE) > P_VALUE_MIN
+    assert joint_p_value(target, pairs, TEMPERATURE) > P_VALUE_MIN
     # negative control: the second tokens against the law at another temperature must be rejected
-    assert joint_p_value(target, prompt_ids, pairs, 1.0) < P_VALUE_MIN
+    assert joint_p_value(target, pairs, 1.0) < P_VALUE_MIN

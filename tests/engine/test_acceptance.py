@@ -11,7 +11,8 @@ from anydraft.model.runner import ModelRunner
 from anydraft.spec_decode.draft_proposer import DraftModelProposer
 from anydraft.spec_decode.draft_vocab import DraftVocab, SharedVocabSync
 
-from tiny_models import reference_greedy, tokenizer_of
+from reference_model import reference_greedy
+from tiny_models import tokenizer_of
 
 K = 3
 MAX_TOKENS = 24  # a multiple of k+1: every step is a full one unless EOS ends the request

@@ -9,7 +9,7 @@ import pytest
 from anydraft.config import SamplingParams
 from anydraft.spec_decode.policy import AdaptiveK, StepPlan
 
-from tiny_models import reference_greedy
+from reference_model import reference_greedy
 
 
 def script_plans(monkeypatch, llm, choose) -> None:

@@ -13,7 +13,7 @@ from anydraft.llm import LLM
 from anydraft.model.speculators_config import SpeculatorsFormatError
 
 from hidden_state_models import HiddenStateCheckpoints
-from tiny_models import reference_greedy
+from reference_model import reference_greedy
 
 MAX_TOKENS = 24
 

@@ -13,7 +13,8 @@ from anydraft.config import SamplingParams
 
 from anydraft.vocab.cache import load_or_build_bridge
 
-from tiny_models import reference_greedy, tokenizer_of
+from reference_model import reference_greedy
+from tiny_models import tokenizer_of
 
 # (case, target checkpoint, draft checkpoint, vocab mode auto must pick, k, draft agrees partly)
 CASES = [

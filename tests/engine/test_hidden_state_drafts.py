@@ -18,7 +18,7 @@ from anydraft.llm import LLM
 from anydraft.model.speculators_config import SpeculatorsFormatError
 
 from hidden_state_models import HiddenStateCheckpoints, make_eagle3_draft
-from tiny_models import reference_greedy
+from reference_model import reference_greedy
 
 MAX_TOKENS = 24
 

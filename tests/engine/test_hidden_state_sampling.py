@@ -17,7 +17,7 @@ from anydraft.llm import LLM
 from hidden_state_models import HiddenStateCheckpoints
 from test_sampling_distribution import (MAX_TOKENS, NUM_SAMPLES, P_VALUE_MIN, PROMPT, goodness_of_fit,
                                         later_position_p_values, verified_tokens)
-from tiny_models import reference_first_token_probs
+from reference_model import reference_first_token_probs
 
 K = 3
 DRAFTERS = {"eagle3": "small_eagle3_sampling", "dspark": "small_dspark_sampling"}   # kind -> checkpoint

@@ -9,7 +9,8 @@ import torch
 
 from anydraft.config import SamplingParams
 
-from tiny_models import _reference_model, tokenizer_of
+from reference_model import _reference_model
+from tiny_models import tokenizer_of
 
 NUM_TOP = 5
 # The reference runs the whole sequence at once, the engine through its KV cache: float64 sums in another order, so

@@ -12,7 +12,8 @@ from anydraft.config import SamplingParams
 from anydraft.spec_decode import target_step
 
 from test_sampling_distribution import P_VALUE_MIN, goodness_of_fit, later_position_p_values, two_sample
-from tiny_models import _reference_logits, tokenizer_of
+from reference_model import _reference_logits
+from tiny_models import tokenizer_of
 
 # Negative presence and frequency penalties reward repeats: the sampled tests' target then repeats a token in ~10%
 # of its 5-token outputs (under 1% without), most of them inside one step, where the per-position counts matter.

@@ -11,7 +11,8 @@ from anydraft.model.kv_cache import BLOCK_TOKENS, blocks_for
 from anydraft.model.loader import resolve_model_path
 from anydraft.model.native_extension import why_not_hardware
 
-from tiny_models import gsm8k_questions, reference_greedy
+from reference_model import reference_greedy
+from tiny_models import gsm8k_questions
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 

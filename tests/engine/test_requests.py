@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 from anydraft.config import SamplingParams
 from anydraft.llm import LLM
 
-from tiny_models import EOS_PROMPT, make_d2t_draft, reference_greedy, tokenizer_of
+from reference_model import reference_greedy
+from tiny_models import EOS_PROMPT, make_d2t_draft, tokenizer_of
 
 
 # -- stop conditions ------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from scipy.stats import chi2_contingency, chisquare
 from anydraft.config import SamplingParams
 from anydraft.spec_decode.policy import StepPlan
 
-from tiny_models import reference_first_token_probs, tokenizer_of
+from reference_model import reference_first_token_probs
+from tiny_models import tokenizer_of
 
 P_VALUE_MIN = 1e-3
 NUM_SAMPLES = 3072

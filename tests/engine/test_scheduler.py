@@ -7,7 +7,8 @@ import pytest
 from anydraft.config import SamplingParams
 from anydraft.llm import LLM
 
-from tiny_models import gsm8k_questions, reference_greedy
+from reference_model import reference_greedy
+from tiny_models import gsm8k_questions
 
 
 def test_long_prompt_is_chunked_while_a_running_request_keeps_decoding(ckpts, monkeypatch):

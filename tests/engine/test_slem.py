@@ -3,7 +3,7 @@ pair of the five shared tokenizers, on prompts with space runs, tabs, newlines, 
 
 Each draft is its target's weights moved onto the other tokenizer through tokens spelling the same bytes (noise
 added), so it writes much of the target's text in its own tokens: steps accept some proposals and reject others.
-The reference is the no-cache decoder (tiny_models.reference_greedy). Proposals are ragged: a row proposes as many
+The reference is the no-cache decoder (reference_model.reference_greedy). Proposals are ragged: a row proposes as many
 target tokens as its text spells (0..k), which the verifier, cache rewind and statistics must respect.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ import torch
 from anydraft.config import SamplingParams
 from anydraft.model.config import ModelConfig
 
-from tiny_models import TOKENIZERS, add_noise, make_checkpoint, read_checkpoint, reference_greedy, tokenizer_of, \
+from reference_model import reference_greedy
+from tiny_models import TOKENIZERS, add_noise, make_checkpoint, read_checkpoint, tokenizer_of, \
     write_checkpoint
 
 NAMES = ("qwen3", "smollm2", "llama2", "mistral_v0.1", "gpt2")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from anydraft.bench.interleave import step_interleaved
 from anydraft.config import SamplingParams
 
-from tiny_models import reference_greedy
+from reference_model import reference_greedy
 
 
 def test_turns_change_nothing_but_the_timing(ckpts, llms, prompts):

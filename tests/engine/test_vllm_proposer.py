@@ -22,7 +22,8 @@ from anydraft.config import SpeculativeConfig
 from anydraft.integrations.vllm.history_drafter import HistoryDrafter, VLLMContractError
 from anydraft.model.kv_cache import KVCache
 from anydraft.spec_decode.draft_vocab import ResyncContextSync
-from tiny_models import reference_greedy, tokenizer_of
+from reference_model import reference_greedy
+from tiny_models import tokenizer_of
 from vllm_caller import FakeRequest, FakeVLLM
 
 PAIRS = [

@@ -29,11 +29,9 @@ import openai   # declared in the test extra: a missing client is an error here,
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT / "tests" / "engine"))   # tiny_models: random checkpoints on real tokenizers
+from tiny_models import TOKENIZERS, Checkpoints   # tests/engine, on the path by pyproject.toml
 
-from tiny_models import TOKENIZERS, Checkpoints  # noqa: E402
-
-from anydraft.model.native_extension import why_not_hardware  # noqa: E402
+from anydraft.model.native_extension import why_not_hardware
 
 if not TOKENIZERS.is_dir():
     pytest.skip(f"real tokenizers not found at {TOKENIZERS}", allow_module_level=True)
