@@ -32,12 +32,12 @@ KEPT = ("output_throughput", "request_throughput", "mean_ttft_ms", "median_ttft_
         "mean_itl_ms", "completed", "total_output_tokens")
 
 
-def run_once(args, url: str, model: str, workload: str, concurrency: int, extra: list[str]) -> dict:
+def run_once(args, url: str, model: str, workload: str, concurrency: int, extra: list[str], seed: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         command = [args.vllm_python, "-c", VLLM_CLI, "bench", "serve", "--base-url", url, "--model", model,
                    "--tokenizer", args.tokenizer, "--dataset-name", "random", *WORKLOADS[workload],
                    "--max-concurrency", str(concurrency), "--num-prompts", str(max(args.min_prompts, 4 * concurrency)),
-                   "--ignore-eos", "--seed", str(args.seed), "--save-result", "--result-dir", out,
+                   "--ignore-eos", "--seed", str(seed), "--save-result", "--result-dir", out,
                    "--result-filename", "r.json", *extra]
         subprocess.run(command, check=True, capture_output=True, text=True)
         result = json.loads((Path(out) / "r.json").read_text())
@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-prompts", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="repeat r uses seed + r (every server the same prompts)")
     p.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
                    help="extra `vllm bench serve` arguments for one server label")
     p.add_argument("--json", default=None)
@@ -65,11 +65,13 @@ def main() -> None:
     if unknown:
         p.error(f"--variant names labels with no --server: {sorted(unknown)}")
     runs = {label: {c: [] for c in args.concurrency} for label in servers}
-    for _ in range(args.repeats):
+    # Repeat r draws its prompts with seed + r: the same prompts again would be whole-prompt prefix-cache hits
+    # for a server that caches (and not for one that does not), measuring the cache instead of the server.
+    for repeat in range(args.repeats):
         for concurrency in args.concurrency:
             for label, url in servers.items():
                 runs[label][concurrency].append(run_once(args, url, args.model, args.workload, concurrency,
-                                                         extras.get(label, [])))
+                                                         extras.get(label, []), args.seed + repeat))
     labels = list(servers)
     print(f"| {args.workload} | " + " | ".join(f"{l} tok/s | {l} mean TTFT ms" for l in labels) + " |")
     print("|---|" + "---|---|" * len(labels))
