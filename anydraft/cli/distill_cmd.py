@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per continuation (default 128)")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate, cosine to 0 (default 3e-4)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--on-policy", type=float, default=0.0, metavar="FRACTION",
+                   help="fraction of training prompts the draft continues itself, its text scored by the target "
+                        "(default 0: the target's continuations only)")
     p.add_argument("--eval-every", type=int, default=50, help="steps between held-out evaluations and saved states")
     p.add_argument("--resume", action="store_true", help="continue from the state in --out")
     p.add_argument("--no-al", dest="measure_al", action="store_false",
@@ -60,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = DistillConfig(args.target, args.draft, args.corpus, args.out, args.temperature, args.steps, args.loss,
                         args.batch_size, args.num_prompts, args.held_out, args.max_tokens, args.lr, args.seed,
-                        args.eval_every)
+                        args.eval_every, args.on_policy)
     start = time.perf_counter()
     distiller = Distiller(cfg)
     resumed = args.resume and distiller.load_state()
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
     after = distiller.evaluate(distiller.held_out)
     summary = {"target": cfg.target, "draft": cfg.draft, "corpus": cfg.corpus, "temperature": cfg.temperature,
-               "loss": cfg.loss, "steps": cfg.steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
+               "loss": cfg.loss, "on_policy": cfg.on_policy, "steps": cfg.steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
                "train_continuations": len(distiller.train), "held_out_continuations": len(distiller.held_out),
                "held_out_positions": sum(len(e.target_positions) for e in distiller.held_out),
                "held_out_acceptance_before": before, "held_out_acceptance_after": after,

@@ -1,6 +1,7 @@
-"""Distillation examples: the target's own sampled continuations of corpus prompts, and the positions where the
-draft, reading that text as it does while serving (its prompt encoding, then re-sync), stands at the same text
-boundary as the target, so its proposal there competes with the target's next token."""
+"""Distillation examples: sampled continuations of corpus prompts (the target's own, and optionally the draft's,
+re-read by the target: on-policy), and the positions where the draft, reading that text as it does while serving
+(its prompt encoding, then re-sync), stands at the same text boundary as the target, so its proposal there
+competes with the target's next token."""
 from __future__ import annotations
 
 import json
@@ -42,15 +43,15 @@ def corpus_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def sample_continuations(target: str, prompts: list[str], temperature: float, max_tokens: int, seed: int,
+def sample_continuations(model: str, prompts: list[str], temperature: float, max_tokens: int, seeds: list[int],
                          batch_size: int, progress=None) -> list[list[int]]:
-    """The target alone's sampled continuations (target ids, specials at the end dropped), prompt i seeded seed + i:
-    the text the target writes when it serves at this temperature."""
+    """A model alone's sampled continuations (its own ids, specials at the end dropped), prompt i seeded seeds[i]:
+    the text it writes when it serves at this temperature (the target's, or the draft's for on-policy examples)."""
     from ..config import SamplingParams
     from ..llm import LLM
-    llm = LLM(target, None, max_num_seqs=batch_size)
+    llm = LLM(model, None, max_num_seqs=batch_size)
     specials = set(llm.tokenizer.special_ids)
-    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed + i) for i in range(len(prompts))]
+    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed) for seed in seeds]
     outputs = llm.generate(prompts, params, progress=progress)
     continuations = []
     for output in outputs:
@@ -59,6 +60,20 @@ def sample_continuations(target: str, prompts: list[str], temperature: float, ma
             ids.pop()
         continuations.append(ids)
     return continuations
+
+
+def on_policy_prompts(num_prompts: int, fraction: float) -> list[int]:
+    """Indices of the training prompts the draft continues: `fraction` of them, spread evenly over the corpus."""
+    return [i for i in range(num_prompts) if int((i + 1) * fraction) > int(i * fraction)]
+
+
+def as_target_continuation(target_tokenizer, prompt: str, prompt_target_ids: list[int], text: str) -> list[int]:
+    """The target ids that continue prompt_target_ids with `text` (another model's writing): the target's encoding
+    of prompt + text past the prompt, where the prompt's encoding is a prefix of it, else the text's on its own."""
+    whole = target_tokenizer.encode(prompt + text)
+    if whole[:len(prompt_target_ids)] == prompt_target_ids:
+        return whole[len(prompt_target_ids):]
+    return target_tokenizer.encode_fragment(text)
 
 
 def align(resync: DraftResync, prompt_target_ids: list[int], prompt: str, continuation: list[int]) -> Example:

@@ -15,8 +15,21 @@ from ..model.loader import resolve_model_path
 from ..tokenizer import Tokenizer
 from ..vocab.bridge import VocabBridge
 from ..vocab.resync import DraftResync
-from .examples import Example, align, corpus_prompts, sample_continuations
-from .objective import LOSSES, acceptance, distillation_loss, proposal_log_probs, target_probs_on
+from .examples import (
+    Example,
+    align,
+    as_target_continuation,
+    corpus_prompts,
+    on_policy_prompts,
+    sample_continuations,
+)
+from .objective import (
+    LOSSES,
+    acceptance,
+    distillation_loss,
+    proposal_log_probs,
+    target_probs_on,
+)
 
 STATE_FILE = "distill_state.pt"   # resumable state: examples, the draft's weights, the optimizer, the step
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -38,6 +51,7 @@ class DistillConfig:
     learning_rate: float = 3e-4
     seed: int = 0
     eval_every: int = 50          # steps between held-out evaluations
+    on_policy: float = 0.0        # fraction of training prompts continued by the draft itself, scored by the target
 
     def __post_init__(self):
         if not self.temperature > 0:
@@ -48,6 +62,8 @@ class DistillConfig:
         for name in ("steps", "batch_size", "num_prompts", "held_out", "max_tokens", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.on_policy <= 1.0:
+            raise ValueError(f"on_policy is a fraction of the training prompts, in [0, 1]; got {self.on_policy}")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
 
@@ -102,8 +118,9 @@ class Distiller:
 
     # -- data ------------------------------------------------------------------------------------------------
     def prepare(self, progress=None) -> None:
-        """Sample the target's continuations of the training and held-out prompts and align them (once: resumed runs
-        read them back)."""
+        """Sample continuations of the training and held-out prompts and align them (once: resumed runs read them
+        back). The target writes them, but for the on_policy fraction of training prompts, which the draft writes
+        (the contexts its own proposals create); held-out text is always the target's, as while serving."""
         cfg = self.cfg
         prompts = corpus_prompts(cfg.corpus)
         needed = cfg.num_prompts + cfg.held_out
@@ -111,9 +128,20 @@ class Distiller:
             raise ValueError(f"corpus {cfg.corpus} has {len(prompts)} prompts; --num-prompts {cfg.num_prompts} and "
                              f"--held-out {cfg.held_out} need {needed}")
         chosen = prompts[:cfg.num_prompts] + prompts[-cfg.held_out:]   # held-out from the far end of the corpus
-        continuations = sample_continuations(cfg.target, chosen, cfg.temperature, cfg.max_tokens, cfg.seed,
-                                             batch_size=64, progress=progress)
-        examples = [align(self.resync, self.target_tokenizer.encode(p), p, c) for p, c in zip(chosen, continuations)]
+        drafted = on_policy_prompts(cfg.num_prompts, cfg.on_policy)
+        by_target = sorted(set(range(len(chosen))) - set(drafted))
+        continuations: list[list[int]] = [[] for _ in chosen]
+        for model, indices in ((cfg.target, by_target), (cfg.draft, drafted)):
+            if indices:
+                sampled = sample_continuations(model, [chosen[i] for i in indices], cfg.temperature, cfg.max_tokens,
+                                               [cfg.seed + i for i in indices], batch_size=64, progress=progress)
+                for i, ids in zip(indices, sampled):
+                    continuations[i] = ids
+        prompt_ids = [self.target_tokenizer.encode(p) for p in chosen]
+        for i in drafted:   # the draft's text as the target reads it
+            text = self.draft_tokenizer.decode(continuations[i], skip_special_tokens=False)
+            continuations[i] = as_target_continuation(self.target_tokenizer, chosen[i], prompt_ids[i], text)
+        examples = [align(self.resync, ids, p, c) for p, ids, c in zip(chosen, prompt_ids, continuations)]
         # Split by prompt before dropping examples with no shared boundary, so no training prompt becomes held-out.
         self.train = [e for e in examples[:cfg.num_prompts] if e.target_positions]
         self.held_out = [e for e in examples[cfg.num_prompts:] if e.target_positions]
@@ -186,8 +214,9 @@ class Distiller:
         if not path.exists():
             return False
         state = torch.load(path, weights_only=False)
-        saved = state["config"]
-        for key in ("target", "draft", "corpus", "temperature", "loss", "num_prompts", "held_out", "max_tokens", "seed"):
+        saved = {"on_policy": 0.0, **state["config"]}   # states written before on_policy existed
+        for key in ("target", "draft", "corpus", "temperature", "loss", "num_prompts", "held_out", "max_tokens", "seed",
+                    "on_policy"):
             if saved[key] != getattr(self.cfg, key):
                 raise ValueError(f"{path} was written with {key}={saved[key]!r}, not {getattr(self.cfg, key)!r}: "
                                  f"use another --out, or the same settings to resume")

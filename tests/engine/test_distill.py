@@ -61,3 +61,39 @@ def test_distill_resumes_where_it_stopped_and_refuses_other_settings(ckpts, corp
     assert resumed["held_out_acceptance_before"] == first["held_out_acceptance_before"]
     assert distill(ckpts, corpus, out, "--steps", "8", "--resume", "--temperature", "1.0") == 2
     assert "was written with temperature=0.7" in capsys.readouterr().err
+
+
+def test_on_policy_examples_are_the_drafts_own_text_read_by_the_target(ckpts, corpus, tmp_path, capsys):
+    """--on-policy 0.5: half the training prompts are continued by the draft alone (prompt i seeded as the target's
+    would be), its text re-read in the target's ids; the other prompts and the held-out ones keep the target's."""
+    from anydraft.distill.examples import corpus_prompts, on_policy_prompts
+    from anydraft.tokenizer import Tokenizer
+    runs = {}
+    for fraction in ("0", "0.5"):
+        out = tmp_path / f"on-policy-{fraction}"
+        assert distill(ckpts, corpus, out, "--steps", "1", "--on-policy", fraction) == 0
+        assert json.loads(capsys.readouterr().out)["on_policy"] == float(fraction)
+        runs[fraction] = torch.load(out / "distill_state.pt", weights_only=False)
+        assert len(runs[fraction]["train"]) == 8   # every continuation has shared boundaries
+    drafted = on_policy_prompts(8, 0.5)
+    assert len(drafted) == 4
+    prompts = corpus_prompts(corpus)[:8]
+    draft_alone = LLM(str(ckpts.llama2_draft), None, device="cpu", max_num_seqs=8)
+    outputs = draft_alone.generate([prompts[i] for i in drafted],
+                                   [SamplingParams(temperature=0.7, max_tokens=24, seed=i) for i in drafted])
+    target_tokenizer = Tokenizer.from_dir(ckpts.qwen3_target)
+    specials = set(draft_alone.tokenizer.special_ids)
+    for i in range(8):
+        example, target_written = runs["0.5"]["train"][i], runs["0"]["train"][i]
+        prompt_ids = target_tokenizer.encode(prompts[i])
+        assert example["target_ids"][:len(prompt_ids)] == prompt_ids
+        if i not in drafted:
+            assert example == target_written
+            continue
+        draft_ids = list(outputs[drafted.index(i)].outputs[0].token_ids)
+        while draft_ids and draft_ids[-1] in specials:
+            draft_ids.pop()
+        draft_text = draft_alone.tokenizer.decode(draft_ids, skip_special_tokens=False)
+        assert target_tokenizer.decode(example["target_ids"][len(prompt_ids):], skip_special_tokens=False) == draft_text
+        assert example != target_written
+    assert runs["0.5"]["held_out"] == runs["0"]["held_out"]

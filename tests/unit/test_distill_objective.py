@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from anydraft.distill.examples import align
+from anydraft.distill.examples import align, as_target_continuation, on_policy_prompts
 from anydraft.distill.objective import (acceptance, distillation_loss, one_hot_acceptance, proposal_log_probs,
                                        target_probs_on)
 from anydraft.vocab.bridge import VocabBridge
@@ -104,3 +104,27 @@ def test_aligned_positions_share_a_text_boundary_as_the_draft_reads_it_while_ser
             written = continuation[:t + 1 - len(prompt_ids)]   # the target's tokens before the boundary
             spelled = b"".join(target_tokenizer.token_bytes(i) for i in written)
             assert resync.draft_text_bytes(example.draft_ids[:d + 1]) == prompt_bytes + spelled
+
+
+@pytest.mark.parametrize("num_prompts, fraction", [(8, 0.0), (8, 0.5), (10, 0.3), (7, 1.0), (256, 0.25)])
+def test_on_policy_prompts_are_the_fraction_asked_spread_over_the_corpus(num_prompts, fraction):
+    chosen = on_policy_prompts(num_prompts, fraction)
+    assert len(chosen) == int(num_prompts * fraction)
+    assert chosen == sorted(set(chosen)) and all(0 <= i < num_prompts for i in chosen)
+    if len(chosen) > 1:   # evenly spread: no gap wider than one stride + 1
+        assert max(b - a for a, b in zip(chosen, chosen[1:])) <= 1 / fraction + 1
+
+
+@pytest.mark.parametrize("target", ["qwen3", "llama2"])
+def test_another_models_text_continues_the_prompt_in_the_targets_ids(load_tokenizer, target):
+    """The draft's text, re-read by the target: the continuation ids follow the prompt's own encoding and spell the
+    text, also where the text would merge with the prompt's last token."""
+    tokenizer = load_tokenizer(target)
+    prompt = "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:"
+    prompt_ids = tokenizer.encode(prompt)
+    for text in (" He has 3 + 4 = 7 apples. #### 7", "\n\n7 apples, café 日本", ":) 7"):
+        continuation = as_target_continuation(tokenizer, prompt, prompt_ids, text)
+        whole = tokenizer.encode(prompt + text)
+        if whole[:len(prompt_ids)] == prompt_ids:   # the usual case: the target's own reading of the whole text
+            assert continuation == whole[len(prompt_ids):]
+        assert tokenizer.decode(prompt_ids + continuation, skip_special_tokens=True).endswith(text)
