@@ -83,6 +83,9 @@ class LLM:
     def _allocate_caches(self, device, max_model_len: int, k: int) -> CachePlan:
         """Size the target's and the draft's block pools from one budget, allocate them, and log what fits."""
         cfg, draft = self.engine_config, self.draft_runner
+        # Loading's freed buffers go back first: held by the C heap they would raise the start's peak by their size
+        # under the pools, and hide that much of the free memory the default budget is a share of.
+        return_freed_memory()
         plan = plan_caches(cfg.kv_cache_memory, device, self.target.bytes_per_token,
                            block_rounded(cfg.max_num_seqs, self.target.cache.max_len), max_model_len + k,
                            draft.bytes_per_token if draft else 0,
