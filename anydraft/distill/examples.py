@@ -43,23 +43,27 @@ def corpus_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def sample_continuations(model: str, prompts: list[str], temperature: float, max_tokens: int, seeds: list[int],
-                         batch_size: int, progress=None) -> list[list[int]]:
-    """A model alone's sampled continuations (its own ids, specials at the end dropped), prompt i seeded seeds[i]:
-    the text it writes when it serves at this temperature (the target's, or the draft's for on-policy examples)."""
+def sample_continuations(model: str, groups: list[tuple[list[str], list[int]]], temperature: float,
+                         max_tokens: int, batch_size: int, progress=None) -> list[list[list[int]]]:
+    """A model alone's sampled continuations (its own ids, specials at the end dropped) of each group of (prompts,
+    seeds), prompt i seeded seeds[i]: the text it writes when it serves at this temperature (the target's, or the
+    draft's for on-policy examples). Each group is its own generate call: where kernels are not batch invariant,
+    a group's text then does not depend on what else was sampled."""
     from ..config import SamplingParams
     from ..llm import LLM
     llm = LLM(model, None, max_num_seqs=batch_size)
     specials = set(llm.tokenizer.special_ids)
-    params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed) for seed in seeds]
-    outputs = llm.generate(prompts, params, progress=progress)
-    continuations = []
-    for output in outputs:
-        ids = list(output.outputs[0].token_ids)
-        while ids and ids[-1] in specials:
-            ids.pop()
-        continuations.append(ids)
-    return continuations
+    sampled = []
+    for prompts, seeds in groups:
+        params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed) for seed in seeds]
+        continuations = []
+        for output in llm.generate(prompts, params, progress=progress) if prompts else []:
+            ids = list(output.outputs[0].token_ids)
+            while ids and ids[-1] in specials:
+                ids.pop()
+            continuations.append(ids)
+        sampled.append(continuations)
+    return sampled
 
 
 def on_policy_prompts(num_prompts: int, fraction: float) -> list[int]:

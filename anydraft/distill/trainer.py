@@ -128,14 +128,19 @@ class Distiller:
             raise ValueError(f"corpus {cfg.corpus} has {len(prompts)} prompts; --num-prompts {cfg.num_prompts} and "
                              f"--held-out {cfg.held_out} need {needed}")
         chosen = prompts[:cfg.num_prompts] + prompts[-cfg.held_out:]   # held-out from the far end of the corpus
+        seeds = [cfg.seed + i for i in range(len(chosen))]
         drafted = on_policy_prompts(cfg.num_prompts, cfg.on_policy)
-        by_target = sorted(set(range(len(chosen))) - set(drafted))
+        kept = sorted(set(range(cfg.num_prompts)) - set(drafted))
+        held_out = list(range(cfg.num_prompts, len(chosen)))
+        groups = [(cfg.target, [kept, held_out]), (cfg.draft, [drafted])]   # held-out alone: the same for any on_policy
         continuations: list[list[int]] = [[] for _ in chosen]
-        for model, indices in ((cfg.target, by_target), (cfg.draft, drafted)):
-            if indices:
-                sampled = sample_continuations(model, [chosen[i] for i in indices], cfg.temperature, cfg.max_tokens,
-                                               [cfg.seed + i for i in indices], batch_size=64, progress=progress)
-                for i, ids in zip(indices, sampled):
+        for model, index_groups in groups:
+            if not any(index_groups):
+                continue
+            sampled = sample_continuations(model, [([chosen[i] for i in g], [seeds[i] for i in g]) for g in index_groups],
+                                           cfg.temperature, cfg.max_tokens, batch_size=64, progress=progress)
+            for indices, group in zip(index_groups, sampled):
+                for i, ids in zip(indices, group):
                     continuations[i] = ids
         prompt_ids = [self.target_tokenizer.encode(p) for p in chosen]
         for i in drafted:   # the draft's text as the target reads it
