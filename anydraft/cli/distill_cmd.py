@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     bar.close()
     after = distiller.evaluate(distiller.held_out)
     summary = {"target": cfg.target, "draft": cfg.draft, "corpus": cfg.corpus, "temperature": cfg.temperature,
-               "loss": cfg.loss, "on_policy": cfg.on_policy, "steps": cfg.steps, "batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate,
+               "loss": cfg.loss, "on_policy": cfg.on_policy, "steps": cfg.steps, "batch_size": cfg.batch_size,
+               "learning_rate": cfg.learning_rate,
                "train_continuations": len(distiller.train), "held_out_continuations": len(distiller.held_out),
                "held_out_positions": sum(len(e.target_positions) for e in distiller.held_out),
                "held_out_acceptance_before": before, "held_out_acceptance_after": after,

@@ -15,21 +15,9 @@ from ..model.loader import resolve_model_path
 from ..tokenizer import Tokenizer
 from ..vocab.bridge import VocabBridge
 from ..vocab.resync import DraftResync
-from .examples import (
-    Example,
-    align,
-    as_target_continuation,
-    corpus_prompts,
-    on_policy_prompts,
-    sample_continuations,
-)
-from .objective import (
-    LOSSES,
-    acceptance,
-    distillation_loss,
-    proposal_log_probs,
-    target_probs_on,
-)
+from .examples import (Example, align, as_target_continuation, corpus_prompts, on_policy_prompts,
+                       sample_continuations)
+from .objective import LOSSES, acceptance, distillation_loss, proposal_log_probs, target_probs_on
 
 STATE_FILE = "distill_state.pt"   # resumable state: examples, the draft's weights, the optimizer, the step
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
@@ -137,8 +125,9 @@ class Distiller:
         for model, index_groups in groups:
             if not any(index_groups):
                 continue
-            sampled = sample_continuations(model, [([chosen[i] for i in g], [seeds[i] for i in g]) for g in index_groups],
-                                           cfg.temperature, cfg.max_tokens, batch_size=64, progress=progress)
+            calls = [([chosen[i] for i in indices], [seeds[i] for i in indices]) for indices in index_groups]
+            sampled = sample_continuations(model, calls, cfg.temperature, cfg.max_tokens, batch_size=64,
+                                           progress=progress)
             for indices, group in zip(index_groups, sampled):
                 for i, ids in zip(indices, group):
                     continuations[i] = ids

@@ -40,7 +40,8 @@ def joint_p_value(target: str, pairs: list[tuple[int, int]],
     for first, seen in Counter(p[0] for p in pairs).items():
         if seen < 20:
             continue
-        joint = n * first_law[first] * reference_first_token_probs(target_dir, PROMPT, second_temperature, after=(first,))
+        second_law = reference_first_token_probs(target_dir, PROMPT, second_temperature, after=(first,))
+        joint = n * first_law[first] * second_law
         for second in torch.nonzero(joint >= min_expected).flatten().tolist():
             observed.append(counts[(first, second)])
             expected.append(float(joint[second]))

