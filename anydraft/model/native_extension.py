@@ -1,8 +1,9 @@
 """The native kernels (csrc/*.cpp): when a model can use them, building them once, the decoder body's call.
 
-On a CPU with AVX-512 in bf16, a Llama-family body runs as one C++ call instead of ~50 PyTorch calls per
-layer, and every row is computed the same way whatever the batch shape, so greedy speculative decoding is
-token-exact against the target alone in bf16. The extension is compiled on first use (about a minute, g++) into
+On a CPU with AVX-512, or AVX2 with FMA (csrc/vec16.h), a Llama-family body in bf16 runs as one C++ call instead
+of ~50 PyTorch calls per layer, and every row is computed the same way whatever the batch shape, so greedy
+speculative decoding is token-exact against the target alone in bf16. The screened output heads (NativeHead)
+need AVX-512 with VNNI; elsewhere the head's logits come from the body's linear kernel (NativeLinear). The extension is compiled on first use (about a minute, g++) into
 a folder keyed by its source, torch version, CPU model and CPU feature flags ($ANYDRAFT_NATIVE_DIR, else
 ~/.cache/anydraft/native); when it cannot be used the PyTorch path runs. ANYDRAFT_NATIVE=0 turns it off.
 A build is tried once per process; a failure is reported once on stderr with the compiler's message.
@@ -25,9 +26,10 @@ from ..atomic_file import write_bytes_atomically
 from .config import ModelConfig
 from .packed_linear import TileLinear
 
-SOURCES = [Path(__file__).with_name("csrc") / name
-           for name in ("bindings.cpp", "decoder.cpp", "greedy_head.cpp", "sampling_head.cpp", "top_head.cpp",
-                        "proposal_head.cpp")]
+CSRC = Path(__file__).with_name("csrc")
+BODY_SOURCES = ("bindings.cpp", "decoder.cpp", "head_logits.cpp")
+# The screened output heads: an int8 copy of the head scored with AVX512-VNNI (NativeHead); AVX-512 builds only.
+SCREENED_HEAD_SOURCES = ("greedy_head.cpp", "sampling_head.cpp", "top_head.cpp", "proposal_head.cpp")
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples
 
 
@@ -49,11 +51,27 @@ def _cpuinfo(field: str) -> str:
 
 
 def why_not_hardware() -> str | None:
-    """None when this CPU can run the native kernels; else the reason. The only reason a test may skip them."""
+    """None when this CPU can run the native body; else the reason. The only reason a test may skip it."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"the native kernels are for x86-64 CPUs (this one is {platform.machine()})"
-    if not (cpu_has("avx512f") and cpu_has("avx512bw")):
+    if not (has_avx512() or (cpu_has("avx2") and cpu_has("fma"))):
+        return "this CPU lacks both AVX-512 (avx512f, avx512bw) and AVX2 with FMA"
+    return None
+
+
+def has_avx512() -> bool:
+    """Whether the build targets AVX-512 (then the screened heads are built too); else AVX2 (csrc/vec16.h)."""
+    return cpu_has("avx512f") and cpu_has("avx512bw")
+
+
+def why_not_screened_head() -> str | None:
+    """None when this CPU can run the screened native heads (NativeHead); else the reason."""
+    if why_not_hardware() is not None:
+        return why_not_hardware()
+    if not has_avx512():
         return "this CPU lacks AVX-512 (avx512f, avx512bw)"
+    if not cpu_has("avx512_vnni"):
+        return "this CPU lacks AVX512-VNNI"
     return None
 
 
@@ -62,7 +80,7 @@ def _build_dir() -> Path:
     feature flags; a VM can hide AVX-512 under the same model name, and that binary would die on SIGILL)."""
     cpu = (_cpuinfo("model name") or platform.processor()) + "|" + " ".join(sorted(_cpuinfo("flags").split()))
     # every file of csrc/ (headers too: torch's loader would not notice a changed header)
-    source = b"".join(path.read_bytes() for path in sorted(SOURCES[0].parent.iterdir()) if path.suffix in (".cpp", ".h"))
+    source = b"".join(path.read_bytes() for path in sorted(CSRC.iterdir()) if path.suffix in (".cpp", ".h"))
     key = hashlib.sha256(source + torch.__version__.encode() + cpu.encode()).hexdigest()[:16]
     configured = os.environ.get("ANYDRAFT_NATIVE_DIR")
     return (Path(configured) if configured else Path.home() / ".cache" / "anydraft" / "native") / key
@@ -143,10 +161,15 @@ def _sources_in(build_dir: Path) -> list[Path]:
     other's binary. A copy is written only when missing, keeping its time stamp for ninja."""
     folder = build_dir / "src"
     folder.mkdir(exist_ok=True)
-    for path in SOURCES[0].parent.iterdir():
+    for path in CSRC.iterdir():
         if path.suffix in (".cpp", ".h") and not (folder / path.name).exists():
             write_bytes_atomically(folder / path.name, path.read_bytes())
-    return [folder / path.name for path in SOURCES]
+    return [folder / path.name for path in build_sources()]
+
+
+def build_sources() -> list[Path]:
+    """The csrc files this CPU's build compiles: the body's, and the screened heads' on AVX-512."""
+    return [CSRC / name for name in BODY_SOURCES + (SCREENED_HEAD_SOURCES if has_avx512() else ())]
 
 
 def why_not_native(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> str | None:

@@ -95,6 +95,24 @@ def pack_linears(module: nn.Module) -> int:
     return count
 
 
+class NativeLinear(nn.Module):
+    """y = bf16(x @ weight.T) on the native kernels' row-major linear (head_logits, csrc/linear.h): every output
+    computed the same way whatever the batch. The output head where the native body runs but the screened head
+    (NativeHead) does not (AVX2 CPUs): with it, a verification's logits equal a decode step's bit for bit."""
+
+    def __init__(self, weight: torch.Tensor, extension):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        self.extension = extension
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:   # [..., in] -> [..., out] bf16
+        return self.extension.head_logits(x, self.weight.detach())
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, native row-major kernel"
+
+
 class TileLinear(nn.Module):
     """A Linear whose weight lives only in the native body's tile layout, packed [ceil(N/32) * 2, K/2, 16, 2]
     (csrc/vector_gemm.h; read by AMX tiles or AVX-512 vectors), so the native body reads it without a second

@@ -8,9 +8,9 @@ from .captured_states import CapturedStates
 from .kv_cache import KVCache
 from .llama import CausalLM
 from .loader import load_model
-from .native_extension import NativeDecoder, cpu_has, load_extension, why_not_native
+from .native_extension import WIDTH, NativeDecoder, load_extension, why_not_native, why_not_screened_head
 from .native_head import SCREEN_WIDTH, NativeHead
-from .packed_linear import can_pack, pack_linear, pack_linears
+from .packed_linear import NativeLinear, can_pack, pack_linear, pack_linears
 
 
 def token_places(num_new: list[int], seq_len: int) -> list[int]:
@@ -119,13 +119,18 @@ class ModelRunner:
         self.num_token_rows = len(keep_rows)
 
     def _set_head(self, head: torch.nn.Linear) -> None:
-        """The output head in its inference form: native (exact screened greedy argmax) beside the native
-        body when the CPU has VNNI, else oneDNN-prepacked on CPU bf16, else as is."""
+        """The output head in its inference form: beside the native body, screened (exact greedy argmax without
+        all logits) where the CPU has AVX512-VNNI, else on the native linear kernel; without it oneDNN-prepacked on
+        CPU bf16, else as is."""
         self.native_head = None
         self.native_head_unavailable = self._why_not_native_head(head)
         if self.native_head_unavailable is None:
             self.native_head = NativeHead(head.weight, load_extension())
-        self.model.lm_head = pack_linear(head) if self.packed and self.native_head is None else head
+            self.model.lm_head = head
+        elif self.model.native is not None and head.bias is None and head.in_features % WIDTH == 0:
+            self.model.lm_head = NativeLinear(head.weight.detach().contiguous(), load_extension())
+        else:
+            self.model.lm_head = pack_linear(head) if self.packed else head
 
     def _why_not_native_head(self, head: torch.nn.Linear) -> str | None:
         if self.model.native is None:
@@ -134,22 +139,27 @@ class ModelRunner:
             return "the output head has a bias"
         if head.in_features % SCREEN_WIDTH:
             return f"hidden size {head.in_features} is not a multiple of {SCREEN_WIDTH}"
-        if not cpu_has("avx512_vnni"):
-            return "this CPU lacks AVX512-VNNI"
-        return None
+        return why_not_screened_head()
 
     @property
     def kernels(self) -> dict[str, str]:
-        """Which kernels run: {"body": ..., "head": ...}, each "native" or "pytorch: <why>", and "matmul": the
-        native linear layers' instructions ("amx", "avx512", both joined by "+") or "pytorch" (for reports)."""
+        """Which kernels run: {"body": ..., "head": ...}, each "native" or "pytorch: <why>" (a head on the native
+        linear kernel, not screened: "native logits: <why not screened>"), and "matmul": the native linear layers'
+        instructions ("amx", "avx512", "avx2", several joined by "+") or "pytorch" (for reports)."""
         matmul = "pytorch"
         if self.model.native is not None:
             c = self.cfg
             widths = (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size)
             matmul = "+".join(sorted({self.model.native.extension.matmul_path(k) for k in widths}))
         return {"body": "native" if self.native_unavailable is None else f"pytorch: {self.native_unavailable}",
-                "head": "native" if self.native_head is not None else f"pytorch: {self.native_head_unavailable}",
+                "head": self._head_kernel(),
                 "matmul": matmul}
+
+    def _head_kernel(self) -> str:
+        if self.native_head is not None:
+            return "native"
+        prefix = "native logits" if isinstance(self.model.lm_head, NativeLinear) else "pytorch"
+        return f"{prefix}: {self.native_head_unavailable}"
 
     def capture_hidden_states(self, layer_ids: list[int]) -> None:
         """From now on every forward also keeps the residual stream at the input of these layers (CausalLM.forward's

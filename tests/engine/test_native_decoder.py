@@ -14,7 +14,7 @@ from anydraft.config import SamplingParams
 from anydraft.model.config import ModelConfig
 from anydraft.model.loader import load_model, resolve_model_path
 from anydraft.model import native_extension
-from anydraft.model.native_extension import SOURCES, _build_dir, _sources_in, why_not_hardware, why_not_native
+from anydraft.model.native_extension import CSRC, _build_dir, _sources_in, build_sources, why_not_hardware, why_not_native
 from anydraft.model.runner import ModelRunner
 
 from tiny_models import TOKENIZERS, gsm8k_questions, make_checkpoint
@@ -52,7 +52,7 @@ def expected_matmul_path(width: int) -> str:
     setting = os.environ.get("ANYDRAFT_NATIVE_AMX")
     amx = (native_extension.cpu_has("amx_bf16") and setting != "0" and width % 32 == 0
            and (width >= 128 or setting == "1"))
-    return "amx" if amx else "avx512"
+    return "amx" if amx else "avx512" if native_extension.has_avx512() else "avx2"
 
 
 @needs_native
@@ -66,9 +66,9 @@ def test_matmul_path_follows_the_width_rule():
 def test_runner_reports_which_kernels_run(native_ckpts, monkeypatch):
     runner = _runner(native_ckpts["Qwen3ForCausalLM"], monkeypatch, native=True)
     kernels = runner.kernels
-    assert kernels["body"] == "native" and kernels["matmul"] in ("amx", "avx512", "amx+avx512")
-    assert kernels["head"] == ("native" if native_extension.cpu_has("avx512_vnni") else
-                               "pytorch: this CPU lacks AVX512-VNNI")
+    assert kernels["body"] == "native" and kernels["matmul"] in ("amx", "avx512", "amx+avx512", "avx2")
+    screened = native_extension.why_not_screened_head()
+    assert kernels["head"] == ("native" if screened is None else f"native logits: {screened}")
     c = runner.cfg
     widths = (c.hidden_size, c.num_attention_heads * c.head_dim, c.intermediate_size)
     assert kernels["matmul"] == "+".join(sorted({expected_matmul_path(k) for k in widths}))
@@ -103,9 +103,9 @@ def test_the_build_compiles_copies_inside_its_keyed_folder_so_checkouts_share_it
     key) rebuilt over each other's binary. Copies inside the keyed folder are one path for all; an existing copy
     is left alone (its time stamp tells ninja nothing changed)."""
     sources = _sources_in(tmp_path)
-    assert [p.parent for p in sources] == [tmp_path / "src"] * len(SOURCES)
-    assert [p.read_bytes() for p in sources] == [p.read_bytes() for p in SOURCES]
-    headers = {p.name for p in SOURCES[0].parent.iterdir() if p.suffix == ".h"}
+    assert [p.parent for p in sources] == [tmp_path / "src"] * len(build_sources())
+    assert [p.read_bytes() for p in sources] == [p.read_bytes() for p in build_sources()]
+    headers = {p.name for p in CSRC.iterdir() if p.suffix == ".h"}
     assert headers <= {p.name for p in (tmp_path / "src").iterdir()}   # relative includes resolve
     stamps = [p.stat().st_mtime_ns for p in sources]
     assert _sources_in(tmp_path) == sources and [p.stat().st_mtime_ns for p in sources] == stamps
@@ -139,7 +139,7 @@ def test_a_failed_build_is_tried_once_and_reported_once_with_the_compilers_messa
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("did not build") == 1, done.stderr
     calls = compiler.with_name(compiler.name + ".calls").read_text().split()
-    assert 1 <= len(calls) <= len(native_extension.SOURCES)   # one build: at most one compile per source
+    assert 1 <= len(calls) <= len(native_extension.build_sources())   # one build: at most one compile per source
     # the compiler's whole message, once per compile of that one build
     assert done.stderr.count("first line of the reason") == done.stderr.count("second line of the reason") == len(calls)
     reports = [eval(line) for line in done.stdout.splitlines()]

@@ -38,19 +38,19 @@ constexpr int64_t AHEAD = 8;   // keys prefetched ahead: a head's rows lie pos_s
 // apart), the sums kept in registers over all keys in position order.
 template <int P>
 inline void add_values(const float* weights, const uint16_t* values, const int64_t* blocks, int64_t block_size,
-                       int64_t block_stride, int64_t pos_stride, int64_t num_keys, __m512 inv_total, float* out) {
-  __m512 acc[P];
-  for (int i = 0; i < P; ++i) acc[i] = _mm512_setzero_ps();
+                       int64_t block_stride, int64_t pos_stride, int64_t num_keys, f32x16 inv_total, float* out) {
+  f32x16 acc[P];
+  for (int i = 0; i < P; ++i) acc[i] = zero16();
   for (int64_t j = 0; j < num_keys; ++j) {
     const uint16_t* v = values + key_offset(blocks, j, block_size, block_stride, pos_stride);
     if (j + AHEAD < num_keys) {
       const uint16_t* ahead = values + key_offset(blocks, j + AHEAD, block_size, block_stride, pos_stride);
       for (int i = 0; i < P; i += 2) _mm_prefetch(reinterpret_cast<const char*>(ahead + i * LANES), _MM_HINT_T0);
     }
-    const __m512 w = _mm512_set1_ps(weights[j]);
-    for (int i = 0; i < P; ++i) acc[i] = _mm512_fmadd_ps(w, load_bf16x16(v + i * LANES), acc[i]);
+    const f32x16 w = splat16(weights[j]);
+    for (int i = 0; i < P; ++i) acc[i] = fmadd16(w, load_bf16x16(v + i * LANES), acc[i]);
   }
-  for (int i = 0; i < P; ++i) _mm512_storeu_ps(out + i * LANES, round_bf16x16(_mm512_mul_ps(acc[i], inv_total)));
+  for (int i = 0; i < P; ++i) store16(out + i * LANES, round_bf16x16(mul16(acc[i], inv_total)));
 }
 
 // One query q [D] against keys/values [num_keys] of one head (bf16 rows pos_stride apart) -> out [D] (bf16 values).
@@ -58,12 +58,12 @@ inline void add_values(const float* weights, const uint16_t* values, const int64
 inline void attend_query(const float* q, const uint16_t* keys, const uint16_t* values, const int64_t* blocks,
                          int64_t block_size, int64_t block_stride, int64_t pos_stride, int64_t num_keys, int64_t D,
                          float scale, float* scores, float* out) {
-  __m512 top = _mm512_set1_ps(-INFINITY);
+  f32x16 top = splat16(-INFINITY);
   for (int64_t j0 = 0; j0 < num_keys; j0 += 16) {   // a 16-key group lies in one block (block_size % 16 == 0)
     const int64_t n = std::min<int64_t>(16, num_keys - j0);
     const uint16_t* group = keys + key_offset(blocks, j0, block_size, block_stride, pos_stride);
-    __m512 acc[16];
-    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+    f32x16 acc[16];
+    for (int j = 0; j < 16; ++j) acc[j] = zero16();
     if (j0 + 16 < num_keys) {   // the next group's keys, one line per 32 values
       const uint16_t* next = keys + key_offset(blocks, j0 + 16, block_size, block_stride, pos_stride);
       for (int64_t j = 0; j < n && j0 + 16 + j < num_keys; ++j)
@@ -71,23 +71,22 @@ inline void attend_query(const float* q, const uint16_t* keys, const uint16_t* v
           _mm_prefetch(reinterpret_cast<const char*>(next + j * pos_stride + d), _MM_HINT_T0);
     }
     for (int64_t d = 0; d < D; d += LANES) {
-      const __m512 qd = _mm512_loadu_ps(q + d);
+      const f32x16 qd = load16(q + d);
       for (int64_t j = 0; j < n; ++j)
-        acc[j] = _mm512_fmadd_ps(qd, load_bf16x16(group + j * pos_stride + d), acc[j]);
+        acc[j] = fmadd16(qd, load_bf16x16(group + j * pos_stride + d), acc[j]);
     }
-    const __mmask16 seen = (__mmask16)(n == 16 ? 0xFFFF : (1u << n) - 1);
-    const __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), seen, _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale)));
-    _mm512_storeu_ps(scores + j0, s);
-    top = _mm512_max_ps(top, s);
+    const f32x16 s = keep_first(mul16(reduce16(acc), splat16(scale)), n, -INFINITY);
+    store16(scores + j0, s);
+    top = max16(top, s);
   }
-  const __m512 max_score = _mm512_set1_ps(_mm512_reduce_max_ps(top));   // a max is exact in any order
-  __m512 total = _mm512_setzero_ps();
+  const f32x16 max_score = splat16(max_lanes(top));   // a max is exact in any order
+  f32x16 total = zero16();
   for (int64_t j0 = 0; j0 < num_keys; j0 += 16) {   // e^-inf = 0 past the last key
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + j0), max_score));
-    _mm512_storeu_ps(scores + j0, e);
-    total = _mm512_add_ps(total, e);
+    const f32x16 e = exp16(sub16(load16(scores + j0), max_score));
+    store16(scores + j0, e);
+    total = add16(total, e);
   }
-  const __m512 inv_total = _mm512_set1_ps(1.f / reduce_tree(total));
+  const f32x16 inv_total = splat16(1.f / reduce_tree(total));
   int64_t d0 = 0;
   for (; d0 + 4 * LANES <= D; d0 += 4 * LANES)
     add_values<4>(scores, values + d0, blocks, block_size, block_stride, pos_stride, num_keys, inv_total, out + d0);

@@ -30,9 +30,9 @@ using namespace anydraft_native;
 namespace {
 
 inline float sum_lanes(const float* x, int64_t n) {  // fixed order: 16 lanes, then the lane tree
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t k = 0; k < n; k += LANES) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + k));
-  return _mm512_reduce_add_ps(acc);
+  f32x16 acc = zero16();
+  for (int64_t k = 0; k < n; k += LANES) acc = add16(acc, load16(x + k));
+  return add_lanes(acc);
 }
 
 // Uninitialised fp32 scratch (every element is written before it is read), allocated once per forward.
@@ -229,9 +229,9 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
     for_rows(M, I, [&](int64_t m0, int64_t m1) {   // bf16(bf16(silu(gate)) * up), 16 values at a time (I % 16 == 0)
       for (int64_t m = m0; m < m1; ++m)
         for (int64_t i = 0; i < I; i += LANES) {
-          const __m512 g = _mm512_loadu_ps(&gate_up[m * 2 * I + i]), u = _mm512_loadu_ps(&gate_up[m * 2 * I + I + i]);
-          const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-          _mm512_storeu_ps(&act[m * I + i], round_bf16x16(_mm512_mul_ps(round_bf16x16(silu), u)));
+          const f32x16 g = load16(&gate_up[m * 2 * I + i]), u = load16(&gate_up[m * 2 * I + I + i]);
+          const f32x16 silu = div16(g, add16(splat16(1.f), exp16(sub16(zero16(), g))));
+          store16(&act[m * I + i], round_bf16x16(mul16(round_bf16x16(silu), u)));
         }
     });
     body_linear(act.get(), M, I, t[7], nullptr, H, proj.get());

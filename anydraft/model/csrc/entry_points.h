@@ -33,4 +33,5 @@ torch::Tensor proposal_head(torch::Tensor hidden, torch::Tensor weight, torch::T
                             torch::Tensor noise_ids, torch::Tensor top_k, torch::Tensor top_p);
 
 bool matmul_uses_amx(int64_t K);
+const char* vector_isa();
 bool screen_uses_amx_tiles(int64_t rows);

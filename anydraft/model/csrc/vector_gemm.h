@@ -40,17 +40,20 @@ inline void store_rows(const float* c, int64_t rows, int64_t stride, const uint1
                        float* y) {
   const int64_t valid_cols = std::min<int64_t>(TILE_COLS, N - n0);
   if (valid_cols <= 0) return;
-  const __mmask16 valid = (__mmask16)(valid_cols == 16 ? 0xFFFF : (1u << valid_cols) - 1);
-  const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, bias + n0)), 16))
-                        : _mm512_setzero_ps();
-  for (int64_t r = 0; r < rows; ++r) {
-    const __m512 out = round_bf16x16(_mm512_add_ps(_mm512_loadu_ps(c + r * stride), b));
-    _mm512_mask_storeu_ps(y + r * N + n0, valid, out);
-  }
+  const f32x16 b = bias ? load_bf16x16_first(bias + n0, valid_cols) : zero16();
+  for (int64_t r = 0; r < rows; ++r)
+    store16_first(y + r * N + n0, round_bf16x16(add16(load16(c + r * stride), b)), valid_cols);
 }
 
-constexpr int VECTOR_ROWS = 8;     // activation rows per register tile
-constexpr int VECTOR_BLOCKS = 3;   // weight blocks of 16 columns per register tile: 24 accumulators
+// A register tile: VECTOR_ROWS activation rows x VECTOR_BLOCKS weight blocks of 16 columns, 24 of AVX-512's 32
+// registers or 8 of AVX2's 16 (two per block) as accumulators. The tiling changes no output's arithmetic.
+#if defined(__AVX512F__)
+constexpr int VECTOR_ROWS = 8;
+constexpr int VECTOR_BLOCKS = 3;
+#else
+constexpr int VECTOR_ROWS = 4;
+constexpr int VECTOR_BLOCKS = 1;
+#endif
 // The first rows to meet a panel stream it from memory, fetching each block's line this many pairs (64 bytes each)
 // ahead: 5-16% faster at 1-64 rows than the hardware prefetchers alone (A/B in one process, weights from memory).
 constexpr int64_t STREAM_AHEAD = 32;
@@ -58,30 +61,30 @@ constexpr int64_t STREAM_AHEAD = 32;
 // R activation rows (bf16 pairs, row stride `pairs`) x C packed blocks (stride 16 * K bf16) -> c [R][C][16] fp32.
 template <int R, int C, bool STREAM>
 inline void vector_tile(const uint32_t* x, int64_t pairs, const uint16_t* w, int64_t block_stride, float* c) {
-  __m512 acc[R][C];
+  f32x16 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < C; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int j = 0; j < C; ++j) acc[r][j] = zero16();
   for (int64_t p = 0; p < pairs; ++p) {
-    __m512i wv[C];
-    for (int j = 0; j < C; ++j) wv[j] = _mm512_loadu_si512(w + j * block_stride + p * 2 * TILE_COLS);
+    i32x16 wv[C];
+    for (int j = 0; j < C; ++j) wv[j] = load_pairs(w + j * block_stride + p * 2 * TILE_COLS);
     if constexpr (STREAM)   // a prefetch never faults, so the lines past a block's end need no check
       for (int j = 0; j < C; ++j)
         _mm_prefetch(reinterpret_cast<const char*>(w + j * block_stride + (p + STREAM_AHEAD) * 2 * TILE_COLS), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
-      const __m512i xv = _mm512_set1_epi32(int32_t(x[r * pairs + p]));
+      const i32x16 xv = splat_pair(x[r * pairs + p]);
       for (int j = 0; j < C; ++j) acc[r][j] = dot_step(acc[r][j], xv, wv[j]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < C; ++j) _mm512_storeu_ps(c + (r * C + j) * TILE_COLS, acc[r][j]);
+    for (int j = 0; j < C; ++j) store16(c + (r * C + j) * TILE_COLS, acc[r][j]);
 }
 
 template <int R, bool STREAM>
 inline void vector_tile_rows(int rows, int blocks, const uint32_t* x, int64_t pairs, const uint16_t* w,
                              int64_t block_stride, float* c) {
   if (rows == R) {
-    if (blocks == 3) return vector_tile<R, 3, STREAM>(x, pairs, w, block_stride, c);
-    if (blocks == 2) return vector_tile<R, 2, STREAM>(x, pairs, w, block_stride, c);
+    if constexpr (VECTOR_BLOCKS >= 3) if (blocks == 3) return vector_tile<R, 3, STREAM>(x, pairs, w, block_stride, c);
+    if constexpr (VECTOR_BLOCKS >= 2) if (blocks == 2) return vector_tile<R, 2, STREAM>(x, pairs, w, block_stride, c);
     return vector_tile<R, 1, STREAM>(x, pairs, w, block_stride, c);
   }
   if constexpr (R > 1) vector_tile_rows<R - 1, STREAM>(rows, blocks, x, pairs, w, block_stride, c);
