@@ -168,6 +168,7 @@ def test_a_killed_build_does_not_block_later_loads():
     """torch's lock file stays behind when a build is killed (Ctrl-C during the first minute); a later load
     must clear it rather than wait on it forever."""
     stale = _build_dir() / "lock"
+    stale.parent.mkdir(parents=True, exist_ok=True)   # the folder of a build not made yet in this session
     stale.touch()
     try:
         done = subprocess.run([sys.executable, "-c", "from anydraft.model.native_extension import load_extension; "

@@ -1,4 +1,4 @@
-// The output head: bf16 logits, and their greedy argmax computed exactly without computing all of them.
+// The output head's greedy argmax, computed exactly without computing all the logits (head_logits.cpp), on AVX-512.
 //
 // Why: on CPU the output head is memory-bound (qwen3's 151936 x 192 bf16 rows are 58 MB per forward) and,
 // with the native body, most of a forward. An int8 copy of the head is half the bytes; with int8 activations

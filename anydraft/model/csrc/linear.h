@@ -10,6 +10,7 @@
 //  - AMX (Sapphire Rapids and later; K a multiple of 32): 16 weight rows x up to 16 activation rows per tile
 //    instruction, TDPBF16PS (each output a hardware dot product over its own row and column, in k order);
 //  - AVX-512: 4 activation rows x 4 weight rows in registers, VDPBF16PS into 16 fp32 lanes, then one lane tree.
+//    On AVX2 + FMA CPUs the same arithmetic on 8-lane halves (vec16.h), 2 x 2 rows in registers.
 // AMX runs for widths K >= AMX_MIN_WIDTH where the CPU and the OS grant it; below, AVX-512. Measured on a 2-core
 // Sapphire Rapids VM, 2 threads, AMX against AVX-512 at widths 192-576 (the shipped models, smollm2-135m's shape):
 // as fast at one row and up to 2x faster from 4 rows (shipped qwen3-target alone, batch 16: 1.2x; grown

@@ -1,4 +1,4 @@
-// The decoder body's linear layers on AVX-512 vectors, over weights packed once into the tile layout
+// The decoder body's linear layers on AVX-512 vectors (or AVX2 halves, vec16.h), over weights packed once into the tile layout
 // [ceil(N/32) * 2, K/2, 16, 2] (16 output columns x one pair of input columns per 64-byte vector) that the AMX tiles
 // read too (tile_gemm.h): where AMX does not run a width, the body reads the same packed weight here.
 //
