@@ -55,7 +55,7 @@ ENVIRONMENT = """## Environment variables
 | `ANYDRAFT_CACHE_DIR` | `vocab/cache.py`, `checkpoints/grown_checkpoint.py` | `~/.cache/anydraft` | vocabulary bridges go to `$ANYDRAFT_CACHE_DIR` itself (default `~/.cache/anydraft/bridges`), grown checkpoints to `$ANYDRAFT_CACHE_DIR/grown` (default `~/.cache/anydraft/grown`) |
 | `ANYDRAFT_NATIVE_DIR` | `model/native_extension.py` | `~/.cache/anydraft/native` | where the native kernels are compiled, one folder per source/torch/CPU key |
 | `ANYDRAFT_NATIVE` | `model/native_extension.py` | `1` | `0` turns the native kernels off: the PyTorch path runs (`LLM.kernels` says why) |
-| `ANYDRAFT_NATIVE_AMX` | `model/csrc/linear.h` | unset | unset: AMX tiles for layers of width >= 128 where the CPU has AMX; `0`: AVX-512 everywhere; `1`: AMX at every multiple of 32 |
+| `ANYDRAFT_NATIVE_AMX` | `model/csrc/linear.h` | unset | unset: AMX tiles for layers of width >= 128 where the CPU has AMX; `0`: AVX-512 (or AVX2) vectors everywhere; `1`: AMX at every multiple of 32 |
 | `ANYDRAFT_VLLM_PYTHON` | `bench/peer_vllm.py` | unset | the interpreter of a vLLM environment for `anydraft bench`'s vLLM rows (or `--vllm-python`) |
 | `ANYDRAFT_DRAFT_MODEL` | `integrations/vllm/settings.py` | required | the vLLM plug-in's draft (a directory or builtin name) |
 | `ANYDRAFT_VOCAB_MODE` | `integrations/vllm/settings.py` | `auto` | the plug-in's `vocab_mode` |
