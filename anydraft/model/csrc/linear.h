@@ -59,10 +59,24 @@ inline f32x16 reduce16(const f32x16* a) {
   return _mm512_permutexvar_ps(order, sums);
 }
 #else
+// 8 vectors' t (t_i = l_i + l_{i+8}) -> lane j = the rest of reduce_tree(a[j]): u, v and the last sum, transposed.
+inline __m256 reduce8(const __m256* t) {
+  __m256 u[4], v[2];
+  for (int p = 0; p < 4; ++p)   // lanes 0-3: u of t[2p], 4-7: u of t[2p+1]
+    u[p] = _mm256_add_ps(_mm256_permute2f128_ps(t[2 * p], t[2 * p + 1], 0x20), _mm256_permute2f128_ps(t[2 * p], t[2 * p + 1], 0x31));
+  for (int r = 0; r < 2; ++r)   // low half: v0, v1 of t[4r], then of t[4r+2]; high half: of t[4r+1], t[4r+3]
+    v[r] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  // low half: sums of t[0], t[2], t[4], t[6]; high half: of t[1], t[3], t[5], t[7]
+  const __m256 sums = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm256_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 inline f32x16 reduce16(const f32x16* a) {
-  alignas(64) float sums[16];
-  for (int j = 0; j < 16; ++j) sums[j] = add_lanes(a[j]);   // reduce_tree's order
-  return load16(sums);
+  __m256 t[16];
+  for (int j = 0; j < 16; ++j) t[j] = _mm256_add_ps(a[j].lo, a[j].hi);
+  return {reduce8(t), reduce8(t + 8)};
 }
 #endif
 
