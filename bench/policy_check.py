@@ -71,6 +71,7 @@ def run_cell(llms: dict[str, LLM], prompts: list[str], batch: int, temperature: 
             "ratio_vs_best_rival": median["adaptive"] / max(median["fixed k=3"], median["target alone"]),
             "ratio_vs_target_alone": median["adaptive"] / median["target alone"],
             "adaptive_k_histogram": {str(k): v for k, v in sorted(llms["adaptive"].stats.k_histogram.items())},
+            "adaptive_beliefs": llms["adaptive"].engine.policy.beliefs(),
             "kernels": llms["adaptive"].kernels,
             # bf16-exact: native body, and a native head, screened ("native") or full logits ("native logits: ...")
             "native": all(llm.kernels["target"].get(part, "").startswith("native") for llm in llms.values()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from anydraft.spec_decode.policy import AdaptiveK, AdaptiveParams, BatchView, FixedK, StepPlan, StepRecord
-from anydraft.spec_decode.policy.estimates import AcceptanceEstimate, MedianCost
+from anydraft.spec_decode.policy.estimates import AcceptanceEstimate, MedianCost, non_decreasing
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "anydraft" / "spec_decode" / "policy"
 
@@ -233,6 +233,22 @@ def test_a_size_measured_badly_is_bounded_by_the_smaller_sizes():
     assert cost.seconds(6) == pytest.approx(0.006)   # three forwards of 2 tokens would do it
 
 
+def test_a_size_measured_rarely_and_dearer_than_a_larger_one_is_pooled_with_it():
+    """More tokens never cost less: 5 tokens measured twice at 0.39 s and 6 tokens 30 times at 0.32 s pool to their
+    sample-weighted mean, and the sizes between 1 and 5 are priced from it."""
+    cost = MedianCost(window=32)
+    for _ in range(30):
+        cost.observe(1, 0.17)
+        cost.observe(6, 0.32)
+    for _ in range(2):
+        cost.observe(5, 0.39)
+    pooled = (2 * 0.39 + 30 * 0.32) / 32
+    assert cost.seconds(5) == pytest.approx(pooled) and cost.seconds(6) == pytest.approx(pooled)
+    assert cost.seconds(3) == pytest.approx(0.17 + (pooled - 0.17) / 2)
+    assert non_decreasing([1.0, 3.0, 2.0, 4.0], [1, 1, 1, 1]) == [1.0, 2.5, 2.5, 4.0]
+    assert non_decreasing([2.0, 1.0], [3, 1]) == [1.75, 1.75]
+
+
 def test_expected_tokens_multiply_the_conditional_rates():
     estimate = AcceptanceEstimate(3, prior=0.5, prior_weight=1e-9, decay=1.0)
     estimate.observe([3] * 4, [3, 2, 1, 0])   # position 1: 3 of 4, position 2: 2 of 3, position 3: 1 of 2
@@ -262,3 +278,24 @@ def test_evidence_and_the_prior_age_with_each_step_that_drafted_and_only_those()
     estimate.observe([1], [1])   # both aged once more, then the acceptance counted
     assert math.isclose(estimate.tried[0], 1.5) and math.isclose(estimate.weight, 0.25)
     assert estimate.rates()[0] == pytest.approx((1 + 0.5 * 0.25) / (1.5 + 0.25))
+
+
+def test_a_dear_first_measurement_of_a_size_does_not_lock_the_policy_below_the_best_k():
+    """A verification that costs little more than a plain step (a memory-bound CPU forward: 0.17 s for 1 token,
+    +0.03 s a token), whose first two measurements at each size are slow (a cold cache): the policy still settles
+    on the machine's best k."""
+    def verification(tokens: int) -> float:
+        return 0.17 + 0.03 * (tokens - 1)
+
+    calls: dict[int, int] = {}
+
+    def cold_first(tokens: int) -> float:
+        calls[tokens] = calls.get(tokens, 0) + 1
+        return verification(tokens) * (1.5 if calls[tokens] <= 2 else 1.0)
+
+    machine = Machine(target=cold_first, draft=lambda rows: 0.016, acceptance=0.85)
+    ks = run(AdaptiveK(5), machine, BatchView(rows=1), 400)
+    warm = Machine(target=verification, draft=lambda rows: 0.016, acceptance=0.85)
+    last = ks[-200:]
+    achieved = sum(warm.rate(1, k) for k in last) / len(last)
+    assert achieved >= 0.97 * warm.rate(1, warm.best_k(1, 5)), {k: last.count(k) for k in sorted(set(last))}

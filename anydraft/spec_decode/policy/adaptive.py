@@ -142,6 +142,21 @@ class AdaptiveK:
         later = costs.draft_next.seconds(rows) if costs.draft_next.estimates else first
         return first + (self.draft_forwards(k) - 1) * later
 
+    def beliefs(self) -> dict:
+        """What the policy has learnt, for reports: per kind of step (greedy, sampled) the acceptance by position
+        and the measured costs in ms by size (target: by tokens read; draft: by rows)."""
+        out = {}
+        for sampled, name in ((False, "greedy"), (True, "sampled")):
+            costs = self.costs[sampled]
+            if not costs.target.estimates:
+                continue
+            parts = {part: getattr(costs, part).estimates for part in ("target", "draft_first", "draft_next")}
+            out[name] = {"acceptance_by_position": [round(r, 3) for r in self.acceptance[sampled].rates()],
+                         **{f"{part}_ms": {x: round(v * 1e3, 2) for x, v in sorted(estimates.items())}
+                            for part, estimates in parts.items()},
+                         "host_ms": {k: round(v * 1e3, 2) for k, v in sorted(costs.host_median.items())}}
+        return out
+
     # -- the protocol ----------------------------------------------------------------------------------------
     def plan(self, batch: BatchView) -> StepPlan:
         key = (batch.sampled_rows > 0, batch.rows.bit_length())

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 @dataclass
 class MedianCost:
     """Seconds as a function of a size x (tokens a forward reads, rows, k): the median of the last `window`
-    measurements at each measured x, interpolated linearly between sizes, extrapolated along the last segment above
-    them and held at the smallest below them. Medians, so a one-off stall (a page fault, a neighbour on the core)
-    does not make a size look dear; each size keeps its own measurements."""
+    measurements at each measured x, made non-decreasing in x (non_decreasing: more work never costs less, so a size
+    measured rarely and high is pulled to its well-measured larger neighbours), interpolated linearly between sizes,
+    extrapolated along the last segment above them and held at the smallest below them. Medians, so a one-off stall
+    (a page fault, a neighbour on the core) does not make a size look dear; each size keeps its own measurements."""
     window: int
     samples: dict[int, deque] = field(default_factory=dict)
     estimates: dict[int, float] = field(default_factory=dict)   # x -> the median at x
@@ -38,7 +39,8 @@ class MedianCost:
             return 0.0
         if not self._sizes:
             self._sizes = sorted(self.estimates)
-            self._values = [self.estimates[m] for m in self._sizes]
+            self._values = non_decreasing([self.estimates[m] for m in self._sizes],
+                                          [len(self.samples[m]) for m in self._sizes])
             self._least_rate_below = list(itertools.accumulate((v / m if m else v for m, v in
                                                                 zip(self._sizes, self._values)),
                                                                min, initial=float("inf")))
@@ -58,6 +60,20 @@ class MedianCost:
             return values[0] * x / sizes[0] if sizes[0] else values[0]
         slope = max((values[hi] - values[lo]) / (sizes[hi] - sizes[lo]), 0.0)
         return values[lo] + slope * (x - sizes[lo])
+
+
+def non_decreasing(values: list[float], weights: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to `values` in weighted least squares (pool adjacent violators): a run
+    of sizes that costs less than a smaller size takes their weighted mean."""
+    pools: list[list[float]] = []   # [mean, weight, sizes pooled]
+    for value, weight in zip(values, weights):
+        pools.append([value, weight, 1])
+        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
+            value_b, weight_b, count_b = pools.pop()
+            value_a, weight_a, count_a = pools[-1]
+            pools[-1] = [(value_a * weight_a + value_b * weight_b) / (weight_a + weight_b), weight_a + weight_b,
+                         count_a + count_b]
+    return [mean for mean, _, count in pools for _ in range(count)]
 
 
 @dataclass
