@@ -54,7 +54,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--min-prompts", type=int, default=16)
-    p.add_argument("--seed", type=int, default=0, help="repeat r uses seed + r (every server the same prompts)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="first prompt seed; each (repeat, concurrency) and each further label of one URL draws anew")
     p.add_argument("--variant", action="append", default=[], metavar="LABEL=ARGS",
                    help="extra `vllm bench serve` arguments for one server label")
     p.add_argument("--json", default=None)
@@ -65,13 +66,18 @@ def main() -> None:
     if unknown:
         p.error(f"--variant names labels with no --server: {sorted(unknown)}")
     runs = {label: {c: [] for c in args.concurrency} for label in servers}
-    # Repeat r draws its prompts with seed + r: the same prompts again would be whole-prompt prefix-cache hits
-    # for a server that caches (and not for one that does not), measuring the cache instead of the server.
+    # A server must never see the same prompts twice: they would be whole-prompt prefix-cache hits for a server that
+    # caches (and not for one that does not), measuring the cache instead of the server. So every (repeat,
+    # concurrency) draws its own prompts, and so does each label after the first that shares a URL (settings of one
+    # server); labels of different servers get the same prompts, side by side.
+    rank = {label: list(servers.values())[:i].count(url) for i, (label, url) in enumerate(servers.items())}
+    draws_per_run = max(rank.values()) + 1
     for repeat in range(args.repeats):
-        for concurrency in args.concurrency:
+        for c, concurrency in enumerate(args.concurrency):
             for label, url in servers.items():
+                seed = args.seed + (repeat * len(args.concurrency) + c) * draws_per_run + rank[label]
                 runs[label][concurrency].append(run_once(args, url, args.model, args.workload, concurrency,
-                                                         extras.get(label, []), args.seed + repeat))
+                                                         extras.get(label, []), seed))
     labels = list(servers)
     print(f"| {args.workload} | " + " | ".join(f"{l} tok/s | {l} mean TTFT ms" for l in labels) + " |")
     print("|---|" + "---|---|" * len(labels))
