@@ -3,9 +3,10 @@
 On a CPU with AVX-512, or AVX2 with FMA (csrc/vec16.h), a Llama-family body in bf16 runs as one C++ call instead
 of ~50 PyTorch calls per layer, and every row is computed the same way whatever the batch shape, so greedy
 speculative decoding is token-exact against the target alone in bf16. The screened output heads (NativeHead)
-need AVX-512 with VNNI; elsewhere the head's logits come from the body's linear kernel (NativeLinear). The extension is compiled on first use (about a minute, g++) into
-a folder keyed by its source, torch version, CPU model and CPU feature flags ($ANYDRAFT_NATIVE_DIR, else
-~/.cache/anydraft/native); when it cannot be used the PyTorch path runs. ANYDRAFT_NATIVE=0 turns it off.
+need AVX-512 with VNNI; elsewhere the head's logits come from the body's linear kernel (NativeLinear). The
+extension is compiled on first use (about a minute, g++) into a folder keyed by its source, torch version, CPU
+model and CPU feature flags ($ANYDRAFT_NATIVE_DIR, else ~/.cache/anydraft/native); when it cannot be used the
+PyTorch path runs. ANYDRAFT_NATIVE=0 turns it off.
 A build is tried once per process; a failure is reported once on stderr with the compiler's message.
 """
 from __future__ import annotations
@@ -66,8 +67,9 @@ def has_avx512() -> bool:
 
 def why_not_screened_head() -> str | None:
     """None when this CPU can run the screened native heads (NativeHead); else the reason."""
-    if why_not_hardware() is not None:
-        return why_not_hardware()
+    hardware = why_not_hardware()
+    if hardware is not None:
+        return hardware
     if not has_avx512():
         return "this CPU lacks AVX-512 (avx512f, avx512bw)"
     if not cpu_has("avx512_vnni"):

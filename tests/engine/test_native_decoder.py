@@ -14,7 +14,8 @@ from anydraft.config import SamplingParams
 from anydraft.model.config import ModelConfig
 from anydraft.model.loader import load_model, resolve_model_path
 from anydraft.model import native_extension
-from anydraft.model.native_extension import CSRC, _build_dir, _sources_in, build_sources, why_not_hardware, why_not_native
+from anydraft.model.native_extension import (CSRC, _build_dir, _sources_in, build_sources, why_not_hardware,
+                                              why_not_native, why_not_screened_head)
 from anydraft.model.runner import ModelRunner
 
 from tiny_models import TOKENIZERS, gsm8k_questions, make_checkpoint
@@ -24,6 +25,7 @@ ELIGIBLE = ModelConfig(architecture="LlamaForCausalLM", vocab_size=300, hidden_s
                        num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 # Only the hardware may skip the native tests: on a CPU with AVX-512 a failed build fails them.
 HARDWARE = why_not_hardware()
+SCREENED = why_not_screened_head()   # the screened heads' condition (NativeHead)
 needs_native = pytest.mark.skipif(HARDWARE is not None, reason=f"hardware: {HARDWARE}")
 
 # hidden 64 with 4 heads: head_dim 16, the smallest size the kernels take; the three attention variants.

@@ -14,7 +14,7 @@ import torch
 from anydraft.bench.inflate import parameter_count
 from anydraft.model.config import ModelConfig
 from anydraft.model.llama import CausalLM
-from anydraft.model.native_extension import cpu_has, has_avx512, load_extension
+from anydraft.model.native_extension import cpu_has, has_avx512, load_extension, why_not_screened_head
 from anydraft.model.native_head import NativeHead
 from anydraft.model.runner import ModelRunner
 
@@ -241,7 +241,7 @@ def test_body_is_as_close_to_float64_as_the_pytorch_path_at_real_size(monkeypatc
     assert errors["1"] < 0.02 * exact.abs().mean().item()
 
 
-@pytest.mark.skipif(not cpu_has("avx512_vnni"), reason="hardware: this CPU lacks AVX512-VNNI")
+@pytest.mark.skipif(why_not_screened_head() is not None, reason=f"hardware: {why_not_screened_head()}")
 def test_greedy_head_falls_back_to_full_logits_when_the_screen_cannot_narrow(monkeypatch):
     """One huge activation (as a repeated token gives) makes the int8 copy of the row all but zero: the screen
     bounds every head row loosely. Those rows take all their logits at once; the ids stay the argmax."""
