@@ -28,7 +28,7 @@ from .config import ModelConfig
 from .packed_linear import TileLinear
 
 CSRC = Path(__file__).with_name("csrc")
-BODY_SOURCES = ("bindings.cpp", "decoder.cpp", "head_logits.cpp")
+BODY_SOURCES = ("bindings.cpp", "decoder.cpp", "head_logits.cpp", "row_logprobs.cpp")
 # The screened output heads: an int8 copy of the head scored with AVX512-VNNI (NativeHead); AVX-512 builds only.
 SCREENED_HEAD_SOURCES = ("greedy_head.cpp", "sampling_head.cpp", "top_head.cpp", "proposal_head.cpp")
 WIDTH = 16   # the kernels work on 16 floats at a time: hidden, head and MLP sizes must be multiples

@@ -52,6 +52,9 @@ class ModelRunner:
                 model.native = NativeDecoder(model)
             except ValueError as e:
                 self.native_unavailable = str(e)
+        # bf16 logits' logprobs on the native kernel (csrc/row_logprobs.cpp) wherever the body could run natively,
+        # so a target keeps one logprob rule whether or not a hidden-state draft later turns its body to PyTorch.
+        self.logprob_kernel = None if model.native is None else model.native.extension
         if self.packed and model.native is None:
             pack_linears(model.model)   # the body; the head gets its form in _set_head
         self.native_head: NativeHead | None = None

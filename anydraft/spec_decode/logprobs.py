@@ -6,7 +6,8 @@ of the forward that verified the tokens, so speculation changes none of them. Co
 float64 logits) over the tokenizer's tokens only: head rows past them (vocabulary padding) never appear.
 Top-n: largest first, the lowest id on ties. Rank: 1 + the number of tokens with a larger logprob (vLLM's).
 Both are read off one topk of a few more candidates than asked (full passes over the vocabulary only for rows whose
-answer lies outside them). Everything stays on the device (on a CPU a row's need for a full pass is read on the
+answer lies outside them); where the native extension is given, bf16 logits take its kernel instead, which
+applies these rules row by row without writing the log_softmax (values within float32 rounding of this path's). Everything stays on the device (on a CPU a row's need for a full pass is read on the
 host, which costs no sync there); `pack` puts it in one float64 tensor for the step's one host transfer.
 """
 from __future__ import annotations
@@ -110,12 +111,27 @@ def _ranks(logprobs: torch.Tensor, chosen: torch.Tensor, values: torch.Tensor) -
 
 def token_logprobs(logits: torch.Tensor,     # [..., V] raw logits
                    token_ids: torch.Tensor,  # [...] chosen ids (negative = none there: its entry is meaningless)
-                   num_top: int, vocab_size: int) -> TokenLogprobs:
+                   num_top: int, vocab_size: int, kernel=None) -> TokenLogprobs:
+    """kernel: the native extension (ModelRunner.logprob_kernel) or None; with it, bf16 logits on the CPU are read
+    row by row without writing their log_softmax (csrc/row_logprobs.cpp: the same rules, its own summation order)."""
+    if kernel is not None and logits.dtype == torch.bfloat16 and logits.device.type == "cpu":
+        return _native_token_logprobs(kernel, logits, token_ids, num_top, vocab_size)
     logprobs = raw_logprobs(logits, vocab_size)
     chosen = logprobs.gather(-1, token_ids.long().clamp(0, vocab_size - 1)[..., None])           # [..., 1]
     values, ids, _ = _candidates(logprobs, num_top)
     top_values, top_ids = _settle_ties(logprobs, values, ids, num_top)
     return TokenLogprobs(chosen[..., 0], _ranks(logprobs, chosen, values), top_ids, top_values)
+
+
+def _native_token_logprobs(kernel, logits: torch.Tensor, token_ids: torch.Tensor, num_top: int,
+                           vocab_size: int) -> TokenLogprobs:
+    rows = logits.reshape(-1, logits.shape[-1]).contiguous()                                  # [R, V]
+    chosen = token_ids.reshape(-1).long().clamp(max=vocab_size - 1)   # [R]; negative: skipped (no token there)
+    logprob, rank, top_ids, top_values = kernel.row_logprobs(rows, chosen, vocab_size, num_top,
+                                                             max(num_top, 1) + EXTRA_CANDIDATES)
+    shape = logits.shape[:-1]
+    return TokenLogprobs(logprob.view(shape), rank.view(shape), top_ids.view(*shape, num_top),
+                         top_values.view(*shape, num_top))
 
 
 def pack(out: TokenLogprobs) -> torch.Tensor:   # [..., 2 + 2n] float64: logprob, rank, top ids, top logprobs

@@ -22,7 +22,7 @@ import torch
 from ..config import SamplingParams
 from ..model.runner import ModelRunner, token_places
 from ..tensors import greedy_argmax, host_to_device
-from .logprobs import pack, token_logprobs, unpack
+from .logprobs import TokenLogprobs, pack, token_logprobs, unpack
 from .penalties import PenaltyBatch, penalize, penalty_batch
 from .proposer import Proposal, Proposer, SamplingBatch
 from .sampling import draw_keys, draw_noise, draw_uniforms, logits_to_probs, sample_from_probs
@@ -74,7 +74,7 @@ class TargetStep:
             ids = sample_from_probs(target_probs, uniforms).reshape(-1, 1)
         if num_top is None:
             return ids[:, 0].tolist(), {}
-        packed = pack(token_logprobs(logits, ids, num_top, self.target.num_token_rows))   # [A, 1, 2 + 2n]
+        packed = pack(self.token_logprobs(logits, ids, num_top))                         # [A, 1, 2 + 2n]
         host = torch.cat([ids.double()[:, :, None], packed], dim=-1).tolist()
         return [int(row[0][0]) for row in host], host_logprobs(requests, [[row[0][1:]] for row in host],
                                                                 [1] * len(requests))
@@ -108,8 +108,8 @@ class TargetStep:
         states = hidden.reshape(-1, hidden.shape[-1])[places]                                  # [M, hidden]
         num_top = max(r.params.prompt_logprobs for r in requests)
         step = PROMPT_LOGPROB_POSITIONS
-        packed = [pack(token_logprobs(self.target.logits(states[i:i + step]), ids[i:i + step], num_top,
-                                      self.target.num_token_rows)) for i in range(0, len(ids), step)]
+        packed = [pack(self.token_logprobs(self.target.logits(states[i:i + step]), ids[i:i + step], num_top))
+                  for i in range(0, len(ids), step)]
         host = torch.cat(packed).tolist() if packed else []
         at = 0
         for request, start, target in zip(requests, starts, targets):
@@ -165,10 +165,14 @@ class TargetStep:
         out[read] = ids.reshape(-1)
         return out.reshape(len(rows), width), logits
 
+    def token_logprobs(self, logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> TokenLogprobs:
+        """The target's raw logprobs of token_ids [...] from its logits [..., V] (one rule for output and prompt)."""
+        return token_logprobs(logits, token_ids, num_top, self.target.num_token_rows, self.target.logprob_kernel)
+
     def emitted_logprobs(self, logits: torch.Tensor, verdict: VerifyOutput, num_top: int) -> torch.Tensor:
         """The raw logprobs of the tokens verification emits at each position (and num_top alternatives), packed
         for the host [B, k+1, 2 + 2 num_top]; positions past a row's emitted tokens hold meaningless values."""
-        return pack(token_logprobs(logits, verdict.output_ids, num_top, self.target.num_token_rows))
+        return pack(self.token_logprobs(logits, verdict.output_ids, num_top))
 
     def samples_natively(self, sampling: SamplingBatch) -> bool:
         """The target's own draw needs no probabilities: a native sampling head and no greedy row (full-softmax rows,

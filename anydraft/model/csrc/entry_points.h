@@ -15,6 +15,8 @@ torch::Tensor decoder_forward(torch::Tensor input_ids, torch::Tensor embed, std:
 torch::Tensor pack_body_weight(torch::Tensor weight);
 torch::Tensor body_linear_op(torch::Tensor x, torch::Tensor weight, int64_t N);
 torch::Tensor head_logits(torch::Tensor hidden, torch::Tensor weight);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> row_logprobs(
+    torch::Tensor logits, torch::Tensor chosen, int64_t vocab, int64_t n, int64_t m);
 std::tuple<torch::Tensor, torch::Tensor> greedy_head(torch::Tensor hidden, torch::Tensor weight, torch::Tensor q_blocks, torch::Tensor row_scale,
                           torch::Tensor q_sum, torch::Tensor slack_q, torch::Tensor slack_h, int64_t num_rows);
 

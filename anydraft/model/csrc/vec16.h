@@ -40,6 +40,9 @@ inline f32x16 round_to_int16(f32x16 v) {   // to the nearest integer, ties to ev
 inline f32x16 scale_by_pow2(f32x16 v, f32x16 n) { return _mm512_scalef_ps(v, n); }   // v * 2^n, n integral
 inline float max_lanes(f32x16 v) { return _mm512_reduce_max_ps(v); }
 inline float add_lanes(f32x16 v) { return _mm512_reduce_add_ps(v); }   // a fixed order of this build
+inline uint32_t lanes_above(f32x16 v, float t) {   // bit i set where lane i > t (false for NaN)
+  return _mm512_cmp_ps_mask(v, _mm512_set1_ps(t), _CMP_GT_OQ);
+}
 inline __mmask16 first_lanes(int64_t n) { return (__mmask16)(n >= 16 ? 0xFFFF : (1u << n) - 1); }
 inline f32x16 keep_first(f32x16 v, int64_t n, float fill) {   // lanes past n replaced by fill
   return _mm512_mask_mov_ps(_mm512_set1_ps(fill), first_lanes(n), v);
@@ -129,6 +132,11 @@ inline float add_lanes(f32x16 v) {   // the same tree as linear.h's reduce_tree
   const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
   const __m128 w = _mm_add_ps(u, _mm_movehl_ps(u, u));   // (u0 + u2), (u1 + u3)
   return _mm_cvtss_f32(_mm_add_ss(w, _mm_shuffle_ps(w, w, 1)));
+}
+inline uint32_t lanes_above(f32x16 v, float t) {   // bit i set where lane i > t (false for NaN)
+  const __m256 u = _mm256_set1_ps(t);
+  return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(v.lo, u, _CMP_GT_OQ))) |
+         uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(v.hi, u, _CMP_GT_OQ))) << 8;
 }
 inline __m256 lanes_below(int64_t n) {   // all-ones in lanes i < n of 8
   const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
