@@ -177,6 +177,16 @@ def test_a_neighbour_of_the_choice_is_re_measured_once_per_memory_span():
     assert gaps and min(gaps) > 20 and max(gaps) <= 22, gaps
 
 
+def test_a_batch_shrinking_through_sizes_does_not_re_measure_at_each_new_size():
+    """Plain decode is best at every size; as requests end the batch passes four sizes it has never planned for in a
+    few steps each. Their prices come from the measured sizes; no probe fires on arriving at each."""
+    machine = Machine(target=lambda tokens: 0.001 * tokens, draft=lambda rows: 0.0005 * rows, acceptance=0.5)
+    policy = AdaptiveK(3)
+    run(policy, machine, BatchView(rows=16), 200)
+    tail = [k for rows in (12, 6, 3, 1) for k in run(policy, machine, BatchView(rows=rows), 6)]
+    assert tail.count(0) >= len(tail) - 1, tail   # at most the one re-measurement a memory span allows
+
+
 def test_the_policy_reads_nothing_but_its_records():
     """Its modules import only the standard library and each other: no engine, proposer, model or torch."""
     allowed = {"__future__", "bisect", "collections", "dataclasses", "itertools", "math", "random", "statistics",

@@ -15,10 +15,11 @@ Greedy and sampled steps keep separate costs (they run different heads). Everyth
 first step drafts max_k (the draft's cost is unknown until it drafts), and nothing is timed at load.
 Choice. k* = argmax B E(k) / C(B, k), with the a_i of E drawn from their posteriors (Thompson sampling): where
 evidence is thin (batch 1, after a few early rejections) the draws spread and drafting is tried again; where it is
-plentiful they sit on the estimate. Drafting must be priced `draft_margin` faster than the
-plain step. At each
+plentiful they sit on the estimate. Drafting must be priced `draft_margin` faster than the plain step. At each
 batch size (by powers of two) the plain step and the ks next to the choice are re-measured once when not chosen
-for `memory_steps` steps: by then the evidence behind their price has lost half its weight.
+for `memory_steps` steps: by then the evidence behind their price has lost half its weight. A size first seen
+takes over when each k was last chosen from the size the step before was at (a batch that shrinks as its requests
+end does not re-measure everything on arriving at each smaller size).
 Every row of a step verifies the same k, so the output is the target's whatever k is chosen.
 """
 from __future__ import annotations
@@ -106,8 +107,9 @@ class AdaptiveK:
         self.read = ReadCost(p.memory_steps)
         self.rng = random.Random(seed)   # the posterior draws (its own stream: runs repeat)
         self._plans = [StepPlan(k) for k in range(max_k + 1)]
-        self._clock: dict[tuple[bool, int], int] = {}                 # (sampled, size class) -> steps planned
-        self._last: dict[tuple[bool, int], dict[int, int]] = {}       # ... -> k -> the step that last chose it
+        self._clock = 0                                           # steps planned
+        self._last: dict[tuple[bool, int], dict[int, int]] = {}   # (sampled, size class) -> k -> the step that last chose it
+        self._latest: dict[bool, tuple[bool, int]] = {}           # sampled -> the size class it last planned for
 
     # -- pricing ---------------------------------------------------------------------------------------------
     def expected_tokens(self, batch: BatchView, drawn: bool = False) -> list[float]:
@@ -159,9 +161,15 @@ class AdaptiveK:
 
     # -- the protocol ----------------------------------------------------------------------------------------
     def plan(self, batch: BatchView) -> StepPlan:
-        key = (batch.sampled_rows > 0, batch.rows.bit_length())
-        clock = self._clock[key] = self._clock.get(key, 0) + 1
-        last = self._last.setdefault(key, {})
+        sampled = batch.sampled_rows > 0
+        key = (sampled, batch.rows.bit_length())
+        self._clock += 1
+        clock = self._clock
+        last = self._last.get(key)
+        if last is None:   # a size class's first step: priced from the size it came from, as fresh as that was
+            previous = self._latest.get(sampled)
+            last = self._last[key] = dict(self._last[previous]) if previous else {}
+        self._latest[sampled] = key
         if not self.costs[key[0]].draft_first.estimates:   # unknown until a step drafts: draft the most, measure it
             k = self.max_k
         else:
