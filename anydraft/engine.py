@@ -129,16 +129,18 @@ class Engine:
     def step(self) -> list[Request]:
         """Prompt chunks of joining requests, then one speculative step over the decoding rows; returns the
         requests that got output in it (finished ones included)."""
+        start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         for _, row in scheduled.preempted:   # their target blocks are free already; the draft's go now
             self._reset_row(row)
         t0 = time.perf_counter()
+        scheduling_seconds = t0 - start
         updated = self._prefill(scheduled.prefill, scheduled.completing) if scheduled.prefill else []
         prefill_seconds = time.perf_counter() - t0   # target work that every request of the step waited through
         for stats in [self.stats] + [r.stats for r, _ in scheduled.prefill] + [r.stats for r in scheduled.decode]:
             stats.target_seconds += prefill_seconds
         if scheduled.decode:
-            updated += self._speculate(scheduled.decode)
+            updated += self._speculate(scheduled.decode, scheduling_seconds)
         return updated
 
     def _prefill(self, chunks: list[tuple[Request, int]], completing: list[bool]) -> list[Request]:
@@ -185,15 +187,17 @@ class Engine:
         self.target.cache.reset(row)
         self.proposer.remove_request(row)
 
-    def _speculate(self, step_requests: list[Request]) -> list[Request]:
-        """One speculative step over the decoding rows; returns them (each got at least one token)."""
+    def _speculate(self, step_requests: list[Request], scheduling_seconds: float = 0.0) -> list[Request]:
+        """One speculative step over the decoding rows; returns them (each got at least one token). The policy is
+        told the step's host time whole: before the plan (scheduling, the batch view, planning) and after the
+        target forward, since a step's fixed host cost is what drafting several tokens a step saves."""
         rows = [r.row for r in step_requests]
         t0 = time.perf_counter()
         sampling = self.target_step.sampling_batch(step_requests)
         sampled = None if sampling is None else sampling.sampled                          # [B], None: all greedy
         batch = self._batch_view(step_requests, rows, sampled)
         k = self.policy.plan(batch).k                                                     # 0 = plain decode
-        t_planned = time.perf_counter()   # the parts a plan prices are timed from here: planning is not k's cost
+        t_planned = time.perf_counter()   # the draft is timed from here; planning counts as host time
         penalties = self.target_step.penalties(step_requests)                             # None: no row has any
         sampling = self.target_step.couple(sampling, k, step_requests, penalties)         # noise keys, or as is
         target_states = self.target.take_hidden_states()   # what a hidden-state draft reads ([] for others)
@@ -214,7 +218,8 @@ class Engine:
         self.policy.observe(StepRecord(
             batch, k, row_drafts, num_accepted, sampled,
             draft_seconds=t1 - t_planned, later_draft_seconds=self.proposer.later_draft_seconds if k else 0.0,
-            target_seconds=t2 - t1, host_seconds=t3 - t2, read_tokens=batch.unread_tokens if k else 0))
+            target_seconds=t2 - t1, host_seconds=t3 - t2 + scheduling_seconds + t_planned - t0,
+            read_tokens=batch.unread_tokens if k else 0))
         # Every request of the step waited through all of it: each gets the step's split, and so does the total.
         for stats in [self.stats] + [r.stats for r in step_requests]:
             stats.draft_seconds += t1 - t0

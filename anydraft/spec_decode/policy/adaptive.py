@@ -8,7 +8,7 @@ size (interpolated between measured sizes):
   T  the target's verification forward, by the tokens it reads;
   D  the proposal: its first draft forward over B rows, then F(k) - 1 further ones (F: forwards a proposal of k
      costs, from the proposer: k for a token per forward, 1 for a block drafter); 0 for k = 0;
-  H  host work of a step drafting k (verification, the sync, re-sync);
+  H  host work of a step drafting k (scheduling, planning, verification, the sync, re-sync, outputs);
   reading  text the draft has yet to read, at its measured seconds per token, spread over the tokens the rows may
      still write (a short output does not start a draft whose reading it cannot earn back).
 Greedy and sampled steps keep separate costs (they run different heads). Everything is measured on real steps: the

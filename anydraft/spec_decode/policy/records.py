@@ -35,7 +35,7 @@ class StepRecord:
     draft_seconds: float            # the proposal, with any text the draft read first
     later_draft_seconds: float      # of draft_seconds: the proposal's forwards after its first
     target_seconds: float           # the verification forward
-    host_seconds: float             # verification, the host sync, re-sync and bookkeeping
+    host_seconds: float             # scheduling and planning, verification, the host sync, re-sync, bookkeeping
     read_tokens: int = 0            # new text the draft read in this step (its units)
 
     @property
