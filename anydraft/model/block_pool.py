@@ -3,7 +3,9 @@
 No tensors here: the pool hands out block ids; KVCache maps them to storage. A full block may be published
 under the hash of its tokens and of every block before it (its chain); a later sequence starting with the same
 tokens reuses it. A block whose last reference is dropped keeps its contents and hash on the free queue until it
-is handed out again, least recently freed first (LRU eviction), as vLLM's automatic prefix caching does.
+is handed out again, least recently freed first (LRU eviction), as vLLM's automatic prefix caching does. Free
+blocks that hold nothing cached (never published: a partial last block, slots a rejected draft gave back) are
+handed out before any cached one, so rollback churn does not evict the prefix cache.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ class PrefixStats:
 
 
 class BlockPool:
-    """Block ids 1..num_blocks-1 (0 is the null block); `free` is the eviction order, oldest first."""
+    """Block ids 1..num_blocks-1 (0 is the null block); `spare` holds free blocks with nothing cached, handed out
+    first; `free` the free cached ones in eviction order, oldest first."""
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 2:
@@ -34,7 +37,8 @@ class BlockPool:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.refs = [0] * num_blocks
         # A dict keeps insertion order: the free queue, oldest first, with O(1) removal of a block a hit revives.
-        self.free: dict[int, None] = dict.fromkeys(range(1, num_blocks))
+        self.spare: dict[int, None] = dict.fromkeys(range(1, num_blocks))
+        self.free: dict[int, None] = {}
         self.cached: dict[int, int] = {}               # chain hash -> block
         self.block_key: dict[int, tuple] = {}          # block -> (parent block or -1, its tokens), while cached
         self.block_hash: dict[int, int] = {}           # block -> chain hash, while cached
@@ -43,7 +47,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks that can be handed out now (cached free blocks count: they are evicted on demand)."""
-        return len(self.free)
+        return len(self.spare) + len(self.free)
 
     @property
     def usable_blocks(self) -> int:
@@ -51,17 +55,21 @@ class BlockPool:
 
     def usage(self) -> float:
         """Fraction of usable blocks referenced by some sequence (vLLM's kv_cache_usage)."""
-        return 1.0 - len(self.free) / self.usable_blocks
+        return 1.0 - self.num_free / self.usable_blocks
 
     def take(self, n: int) -> list[int]:
-        """n fresh blocks with one reference each, least recently freed first (evicting their cached contents).
-        No call per block: a step's host work does not grow with the blocks it crosses into."""
-        if n > len(self.free):
-            raise MemoryError(f"KV block pool has {len(self.free)} free blocks, {n} wanted")
-        blocks = list(islice(self.free, n))
+        """n fresh blocks with one reference each: spare ones first, then cached ones least recently freed first
+        (evicting their contents). No call per block: a step's host work does not grow with the blocks it crosses
+        into."""
+        if n > self.num_free:
+            raise MemoryError(f"KV block pool has {self.num_free} free blocks, {n} wanted")
+        spare = list(islice(self.spare, n))
+        blocks = spare + list(islice(self.free, n - len(spare)))
         free, refs, block_hash, cached, block_key = self.free, self.refs, self.block_hash, self.cached, self.block_key
+        for block in spare:
+            del self.spare[block]
         for block in blocks:
-            del free[block]
+            free.pop(block, None)
             refs[block] = 1
             if block in block_hash:
                 del cached[block_hash[block]]
@@ -75,20 +83,21 @@ class BlockPool:
 
     def share(self, block: int) -> None:
         """One more reference to a block (a prefix hit, or a fork)."""
-        if self.refs[block] == 0:
-            del self.free[block]
+        if self.refs[block] == 0:   # a free block: a prefix hit revives a cached one
+            del (self.free if block in self.free else self.spare)[block]
         self.refs[block] += 1
 
     def release(self, blocks: list[int]) -> None:
-        """Drop one reference to each block; unreferenced ones go to the free queue. Given a sequence's blocks in
-        order, its tail goes first, so its tail is evicted first and its head (shared by more prompts) last."""
-        refs, free = self.refs, self.free
+        """Drop one reference to each block; unreferenced ones go to the free queue (cached) or to the spares.
+        Given a sequence's blocks in order, its tail goes first, so its tail is evicted first and its head (shared
+        by more prompts) last."""
+        refs, free, spare, block_hash = self.refs, self.free, self.spare, self.block_hash
         for block in reversed(blocks):
             if refs[block] <= 0:
                 raise ValueError(f"block {block} released more often than referenced")
             refs[block] -= 1
             if refs[block] == 0:
-                free[block] = None
+                (free if block in block_hash else spare)[block] = None
 
     def is_shared(self, block: int) -> bool:
         return self.refs[block] > 1

@@ -70,8 +70,22 @@ def test_freed_blocks_stay_cached_and_are_evicted_least_recently_freed_first():
     assert pool.match([1] * BS, BS) == [first] and pool.match([2] * BS, BS) == [second]   # still cached
     assert pool.take(1) == [first]                 # the least recently freed goes first
     assert pool.match([1] * BS, BS) == [] and pool.match([2] * BS, BS) == [second]
-    pool.release([third])
-    assert pool.take(2) == [second, third]
+    pool.release([third])                          # nothing cached in it: handed out before any cached block
+    assert pool.take(2) == [third, second]
+
+
+def test_rollback_churn_hands_out_spare_blocks_and_keeps_the_prefix_cache():
+    """A step that reserves a block for its drafts and gives it back on rejection takes a spare block each time,
+    not the least recently freed cached one: a finished request's prefix survives any number of such steps."""
+    pool = BlockPool(4, BS)
+    prefix, held = pool.take(2)
+    pool.publish([prefix], [1] * BS)
+    pool.release([prefix])                         # the request ended: its prefix stays cached
+    for _ in range(5):
+        (block,) = pool.take(1)                    # a verification crosses into a new block...
+        assert block != prefix
+        pool.release([block])                      # ...and its drafts are rejected
+    assert pool.match([1] * BS, BS) == [prefix] and pool.num_free == 2
 
 
 def test_rollback_across_a_block_boundary_frees_the_block_no_longer_used():
