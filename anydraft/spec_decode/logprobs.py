@@ -6,9 +6,10 @@ of the forward that verified the tokens, so speculation changes none of them. Co
 float64 logits) over the tokenizer's tokens only: head rows past them (vocabulary padding) never appear.
 Top-n: largest first, the lowest id on ties. Rank: 1 + the number of tokens with a larger logprob (vLLM's).
 Both are read off one topk of a few more candidates than asked (full passes over the vocabulary only for rows whose
-answer lies outside them); where the native extension is given, bf16 logits take its kernel instead, which
-applies these rules row by row without writing the log_softmax (values within float32 rounding of this path's). Everything stays on the device (on a CPU a row's need for a full pass is read on the
-host, which costs no sync there); `pack` puts it in one float64 tensor for the step's one host transfer.
+answer lies outside them). Everything stays on the device (on a CPU a row's need for a full pass is read on the
+host, which costs no sync there); `pack` puts it in one float64 tensor for the step's one host transfer. Where the
+native extension is given, bf16 logits take its kernel instead (csrc/row_logprobs.cpp): the same rules, row by
+row, without writing the log_softmax; values within float32 rounding of this path's.
 """
 from __future__ import annotations
 

@@ -97,7 +97,8 @@ struct Shift {
 // Pass 3: how many entries have a logprob above `value` (the rank is one more).
 int64_t count_above(const Row& row, const Shift& s, float value) {
   int64_t count = 0;
-  for (int64_t j = 0; j < row.vocab; j += LANES) count += __builtin_popcount(lanes_above(s.logprobs(row.block(j)), value));
+  for (int64_t j = 0; j < row.vocab; j += LANES)
+    count += __builtin_popcount(lanes_above(s.logprobs(row.block(j)), value));
   return count;
 }
 
@@ -115,8 +116,8 @@ void lowest_ids_at(const Row& row, const Shift& s, float value, int64_t needed, 
 }  // namespace
 
 // logits [R, V] bf16, chosen [R] long (a negative id: no token there, zeros out; others capped at the vocabulary),
-// the first `vocab` entries counted, n >= 0 top entries from m >= max(n, 1) candidates -> (logprob [R] f32, rank [R] long, top ids [R, n] long, top logprobs
-// [R, n] f32).
+// the first `vocab` entries counted, n >= 0 top entries from m >= max(n, 1) candidates
+// -> (logprob [R] f32, rank [R] long, top ids [R, n] long, top logprobs [R, n] f32).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> row_logprobs(
     torch::Tensor logits, torch::Tensor chosen, int64_t vocab, int64_t n, int64_t m) {
   TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kBFloat16 && logits.is_contiguous(),

@@ -108,7 +108,7 @@ class AdaptiveK:
         self.rng = random.Random(seed)   # the posterior draws (its own stream: runs repeat)
         self._plans = [StepPlan(k) for k in range(max_k + 1)]
         self._clock = 0                                           # steps planned
-        self._last: dict[tuple[bool, int], dict[int, int]] = {}   # (sampled, size class) -> k -> the step that last chose it
+        self._last: dict[tuple[bool, int], dict[int, int]] = {}   # (sampled, size class) -> k -> step last chosen
         self._latest: dict[bool, tuple[bool, int]] = {}           # sampled -> the size class it last planned for
 
     # -- pricing ---------------------------------------------------------------------------------------------
