@@ -66,10 +66,12 @@ class BlockPool:
         spare = list(islice(self.spare, n))
         blocks = spare + list(islice(self.free, n - len(spare)))
         free, refs, block_hash, cached, block_key = self.free, self.refs, self.block_hash, self.cached, self.block_key
+        spares = self.spare
         for block in spare:
-            del self.spare[block]
+            del spares[block]
+        for block in blocks[len(spare):]:
+            del free[block]
         for block in blocks:
-            free.pop(block, None)
             refs[block] = 1
             if block in block_hash:
                 del cached[block_hash[block]]
