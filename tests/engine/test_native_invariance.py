@@ -72,6 +72,42 @@ def test_linear_rows_are_bit_identical_alone_in_any_batch_and_thread_count(cols,
     check_linear(cols, rows)
 
 
+def _lanes_then_tree(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The row-major kernel's documented arithmetic (linear.h), in PyTorch: each output's 16 fp32 lanes, lane i
+    summing column pairs 16s + i of step s (the odd column's exact product, then the even one's), then
+    reduce_tree's fixed tree and one bf16 rounding. [M, K] x [N, K] -> [M, N]."""
+    steps = -(-x.shape[1] // 32)
+    pad = steps * 32 - x.shape[1]
+    xs = torch.nn.functional.pad(x.float(), (0, pad)).view(x.shape[0], 1, steps, 16, 2)
+    ws = torch.nn.functional.pad(weight.float(), (0, pad)).view(1, weight.shape[0], steps, 16, 2)
+    lanes = torch.zeros(x.shape[0], weight.shape[0], 16)
+    for s in range(steps):
+        lanes = lanes + xs[:, :, s, :, 1] * ws[:, :, s, :, 1]
+        lanes = lanes + xs[:, :, s, :, 0] * ws[:, :, s, :, 0]
+    t = lanes[..., :8] + lanes[..., 8:]
+    u = t[..., :4] + t[..., 4:]
+    return ((u[..., 0] + u[..., 2]) + (u[..., 1] + u[..., 3])).bfloat16()
+
+
+@pytest.mark.parametrize("cols, rows", [(2048, 256), (1040, 100), (48, 37)])
+def test_linear_rows_follow_the_documented_lane_order(cols, rows):
+    """Off AMX, head_logits is linear.h's vector kernel: every output equals its documented arithmetic bit for
+    bit at 1-9 rows (each register tile, a column tail of 16 past the last 32, a weight-row tail). Row 0 adds
+    +-2^26 times equal weights in the first and last column pairs, so which small products survive depends on
+    the order of the additions: the packed kernel's order gives other values there (the control)."""
+    extension = load_extension()
+    if extension.matmul_path(cols) == "amx":
+        pytest.skip("hardware: AMX computes this width (tile dot products, another documented order)")
+    weight = _weight(rows, cols, seed=rows + 7 * cols)
+    weight[:, cols - 2] = weight[:, 0]
+    x = torch.randn(9, cols, generator=torch.Generator().manual_seed(cols + 2)).bfloat16()
+    x[0, 0], x[0, cols - 2] = 2.0 ** 26, -2.0 ** 26
+    expected = _lanes_then_tree(x, weight)
+    for size in range(1, 10):
+        assert torch.equal(extension.head_logits(x[:size], weight), expected[:size]), size
+    assert not torch.equal(expected[0], _pairs_in_k_order(x[:1], weight)[0])
+
+
 def test_prefill_sized_batches_give_each_row_its_alone_value():
     """600 rows (more than one 256-row block of the AMX path): every row equals the row computed alone."""
     extension = load_extension()

@@ -10,7 +10,7 @@
 //  - AMX (Sapphire Rapids and later; K a multiple of 32): 16 weight rows x up to 16 activation rows per tile
 //    instruction, TDPBF16PS (each output a hardware dot product over its own row and column, in k order);
 //  - AVX-512: 4 activation rows x 4 weight rows in registers, VDPBF16PS into 16 fp32 lanes, then one lane tree.
-//    On AVX2 + FMA CPUs the same arithmetic on 8-lane halves (vec16.h), 2 x 2 rows in registers.
+//    On AVX2 + FMA CPUs the same arithmetic on 8-lane halves (vec16.h), 2 x 4 rows, one half at a time.
 // AMX runs for widths K >= AMX_MIN_WIDTH where the CPU and the OS grant it; below, AVX-512. Measured on a 2-core
 // Sapphire Rapids VM, 2 threads, AMX against AVX-512 at widths 192-576 (the shipped models, smollm2-135m's shape):
 // as fast at one row and up to 2x faster from 4 rows (shipped qwen3-target alone, batch 16: 1.2x; grown
@@ -89,9 +89,9 @@ inline i32x16 load_step(const uint16_t* p, int64_t left) {   // 32 bf16, or the 
 // A register tile of DOT_ROWS activation rows x DOT_COLS weight rows: 16 accumulators in 16 (AVX-512) or 8 (AVX2,
 // two registers each) of the vector registers. The tiling changes no output's arithmetic.
 #if defined(__AVX512F__)
-constexpr int DOT_ROWS = 4, DOT_COLS = 4;
+constexpr int DOT_ROWS = 2, DOT_COLS = 4;
 #else
-constexpr int DOT_ROWS = 2, DOT_COLS = 2;
+constexpr int DOT_ROWS = 2, DOT_COLS = 4;
 #endif
 
 // The dot products of R activation rows (bf16, row stride K) with C weight rows (bf16, row stride K): one
@@ -102,7 +102,38 @@ inline void dot_tile(const uint16_t* x, int64_t K, const uint16_t* const* w, f32
   f32x16 a[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) a[r][c] = zero16();
-  for (int64_t k = 0; k < K; k += PAIR_STEP) {
+  int64_t k = 0;
+#if !defined(__AVX512F__)
+  // AVX2: dot_step's two FMAs per lane, in its order, with each operand widened once per step rather than once per
+  // product, and the low and high 8 lanes (columns k..k+15 and k+16..k+31 of each step) summed in two passes so
+  // that a tile's accumulators fit the 16 registers. The last partial step is below.
+  const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
+  const int64_t full = K - K % PAIR_STEP;
+  for (int h = 0; h < 2; ++h) {
+    __m256 lanes[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) lanes[r][c] = _mm256_setzero_ps();
+    for (int64_t j = 16 * h; j < full; j += PAIR_STEP) {
+      __m256 x_odd[R], x_even[R];
+      for (int r = 0; r < R; ++r) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * K + j));
+        x_odd[r] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        x_even[r] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      }
+      for (int c = 0; c < C; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[c] + j));
+        const __m256 w_odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+        const __m256 w_even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        for (int r = 0; r < R; ++r)
+          lanes[r][c] = _mm256_fmadd_ps(x_even[r], w_even, _mm256_fmadd_ps(x_odd[r], w_odd, lanes[r][c]));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) (h ? a[r][c].hi : a[r][c].lo) = lanes[r][c];
+  }
+  k = full;
+#endif
+  for (; k < K; k += PAIR_STEP) {
     i32x16 wv[C];
     for (int c = 0; c < C; ++c) wv[c] = load_step(w[c] + k, K - k);
     for (int r = 0; r < R; ++r) {
@@ -127,6 +158,15 @@ inline std::vector<uint16_t> to_bf16(const float* x, int64_t n) {
   std::vector<uint16_t> out(n);
   at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = float_to_bf16(x[i]);
+  });
+  return out;
+}
+
+// The same values as fp32 (each rounded to bf16 as to_bf16 rounds it), for kernels that broadcast them.
+inline std::vector<float> to_bf16_values(const float* x, int64_t n) {
+  std::vector<float> out(n);
+  at::parallel_for(0, n, 1 << 16, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = round_bf16(x[i]);
   });
   return out;
 }

@@ -46,12 +46,13 @@ inline void store_rows(const float* c, int64_t rows, int64_t stride, const uint1
 }
 
 // A register tile: VECTOR_ROWS activation rows x VECTOR_BLOCKS weight blocks of 16 columns, 24 of AVX-512's 32
-// registers or 8 of AVX2's 16 (two per block) as accumulators. The tiling changes no output's arithmetic.
+// registers or all 16 of AVX2's (two per row: with fewer, the FMA units wait on each accumulator's chain) as
+// accumulators. The tiling changes no output's arithmetic.
 #if defined(__AVX512F__)
 constexpr int VECTOR_ROWS = 8;
 constexpr int VECTOR_BLOCKS = 3;
 #else
-constexpr int VECTOR_ROWS = 4;
+constexpr int VECTOR_ROWS = 8;
 constexpr int VECTOR_BLOCKS = 1;
 #endif
 // The first rows to meet a panel stream it from memory, fetching each block's line this many pairs (64 bytes each)
@@ -59,6 +60,7 @@ constexpr int VECTOR_BLOCKS = 1;
 constexpr int64_t STREAM_AHEAD = 32;
 
 // R activation rows (bf16 pairs, row stride `pairs`) x C packed blocks (stride 16 * K bf16) -> c [R][C][16] fp32.
+#if defined(__AVX512F__)
 template <int R, int C, bool STREAM>
 inline void vector_tile(const uint32_t* x, int64_t pairs, const uint16_t* w, int64_t block_stride, float* c) {
   f32x16 acc[R][C];
@@ -79,15 +81,44 @@ inline void vector_tile(const uint32_t* x, int64_t pairs, const uint16_t* w, int
     for (int j = 0; j < C; ++j) store16(c + (r * C + j) * TILE_COLS, acc[r][j]);
 }
 
-template <int R, bool STREAM>
-inline void vector_tile_rows(int rows, int blocks, const uint32_t* x, int64_t pairs, const uint16_t* w,
+#else
+// AVX2: the same two FMAs per pair and lane (odd element, then even) as dot_step, with each weight vector widened
+// to fp32 once per pair for all R rows and each activation value broadcast as fp32, instead of widening both
+// operands for every product (those shifts, on one port of Zen 2, bounded the kernel from 3 rows up).
+// x here: the activations as fp32 values (bf16 numbers), row stride 2 * pairs, so a broadcast is a load.
+template <int R, int C, bool STREAM>
+inline void vector_tile(const float* x, int64_t pairs, const uint16_t* w, int64_t block_stride, float* c) {
+  static_assert(C == 1, "AVX2 keeps one block of 16 columns in registers");
+  const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
+  __m256 lo[R], hi[R];
+  for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const i32x16 wv = load_pairs(w + p * 2 * TILE_COLS);
+    if constexpr (STREAM) _mm_prefetch(reinterpret_cast<const char*>(w + (p + STREAM_AHEAD) * 2 * TILE_COLS), _MM_HINT_T0);
+    const __m256 odd_lo = _mm256_castsi256_ps(_mm256_and_si256(wv.lo, high));
+    const __m256 odd_hi = _mm256_castsi256_ps(_mm256_and_si256(wv.hi, high));
+    const __m256 even_lo = _mm256_castsi256_ps(_mm256_slli_epi32(wv.lo, 16));
+    const __m256 even_hi = _mm256_castsi256_ps(_mm256_slli_epi32(wv.hi, 16));
+    for (int r = 0; r < R; ++r) {
+      const __m256 x_odd = _mm256_broadcast_ss(x + r * 2 * pairs + 2 * p + 1);
+      const __m256 x_even = _mm256_broadcast_ss(x + r * 2 * pairs + 2 * p);
+      lo[r] = _mm256_fmadd_ps(x_even, even_lo, _mm256_fmadd_ps(x_odd, odd_lo, lo[r]));
+      hi[r] = _mm256_fmadd_ps(x_even, even_hi, _mm256_fmadd_ps(x_odd, odd_hi, hi[r]));
+    }
+  }
+  for (int r = 0; r < R; ++r) store16(c + r * TILE_COLS, {lo[r], hi[r]});
+}
+#endif
+
+template <int R, bool STREAM, typename X>
+inline void vector_tile_rows(int rows, int blocks, const X* x, int64_t pairs, const uint16_t* w,
                              int64_t block_stride, float* c) {
   if (rows == R) {
     if constexpr (VECTOR_BLOCKS >= 3) if (blocks == 3) return vector_tile<R, 3, STREAM>(x, pairs, w, block_stride, c);
     if constexpr (VECTOR_BLOCKS >= 2) if (blocks == 2) return vector_tile<R, 2, STREAM>(x, pairs, w, block_stride, c);
     return vector_tile<R, 1, STREAM>(x, pairs, w, block_stride, c);
   }
-  if constexpr (R > 1) vector_tile_rows<R - 1, STREAM>(rows, blocks, x, pairs, w, block_stride, c);
+  if constexpr (R > 1) vector_tile_rows<R - 1, STREAM, X>(rows, blocks, x, pairs, w, block_stride, c);
 }
 
 // y [M, N] = bf16(x [M, K] @ w^T + bias), x as fp32 holding bf16 values, w packed by pack_weight_tiles, K even.
@@ -95,8 +126,15 @@ inline void vector_tile_rows(int rows, int blocks, const uint32_t* x, int64_t pa
 // first 8 stream it from memory, the others read it from L2).
 inline void linear_vectors(const float* x_f32, int64_t M, int64_t K, const uint16_t* packed, const uint16_t* bias,
                            int64_t N, float* y) {
+#if defined(__AVX512F__)
   const std::vector<uint16_t> xb = to_bf16(x_f32, M * K);
   const uint32_t* x = reinterpret_cast<const uint32_t*>(xb.data());
+  const int64_t row_stride = K / 2;
+#else
+  const std::vector<float> xb = to_bf16_values(x_f32, M * K);
+  const float* x = xb.data();
+  const int64_t row_stride = K;
+#endif
   const int64_t pairs = K / 2, blocks = (N + TILE_COLS - 1) / TILE_COLS;
   const int64_t panels = (blocks + VECTOR_BLOCKS - 1) / VECTOR_BLOCKS;
   at::parallel_for(0, panels, 1, [&](int64_t q0, int64_t q1) {
@@ -108,7 +146,7 @@ inline void linear_vectors(const float* x_f32, int64_t M, int64_t K, const uint1
       for (int64_t m = 0; m < M; m += VECTOR_ROWS) {
         const int rows = int(std::min<int64_t>(VECTOR_ROWS, M - m));
         if (m == 0) vector_tile_rows<VECTOR_ROWS, true>(rows, width, x, pairs, w, TILE_COLS * K, c);
-        else vector_tile_rows<VECTOR_ROWS, false>(rows, width, x + m * pairs, pairs, w, TILE_COLS * K, c);
+        else vector_tile_rows<VECTOR_ROWS, false>(rows, width, x + m * row_stride, pairs, w, TILE_COLS * K, c);
         for (int j = 0; j < width; ++j)
           store_rows(c + j * TILE_COLS, rows, width * TILE_COLS, bias, (b0 + j) * TILE_COLS, N, y + m * N);
       }
