@@ -86,10 +86,10 @@ inline i32x16 load_step(const uint16_t* p, int64_t left) {   // 32 bf16, or the 
   return left >= PAIR_STEP ? load_pairs(p) : load_pairs_first(p, left);
 }
 
-// A register tile of DOT_ROWS activation rows x DOT_COLS weight rows: 16 accumulators in 16 (AVX-512) or 8 (AVX2,
-// two registers each) of the vector registers. The tiling changes no output's arithmetic.
+// A register tile of DOT_ROWS activation rows x DOT_COLS weight rows: 16 accumulators in 16 (AVX-512) or 8 (AVX2:
+// one 8-lane half at a time) of the vector registers. The tiling changes no output's arithmetic.
 #if defined(__AVX512F__)
-constexpr int DOT_ROWS = 2, DOT_COLS = 4;
+constexpr int DOT_ROWS = 4, DOT_COLS = 4;
 #else
 constexpr int DOT_ROWS = 2, DOT_COLS = 4;
 #endif

@@ -53,8 +53,18 @@ constexpr int VECTOR_ROWS = 8;
 constexpr int VECTOR_BLOCKS = 3;
 #else
 constexpr int VECTOR_ROWS = 8;
-constexpr int VECTOR_BLOCKS = 1;
+constexpr int VECTOR_BLOCKS = 4;   // at most; see tile_blocks
 #endif
+
+// Weight blocks a tile of R rows holds: on AVX2 the 16 registers take 8 rows x 1 block, 4 x 2 or 2 x 4 (spilling
+// a few), so that a decode step's one or two rows still keep 8 or more accumulators, as the FMA latency needs.
+constexpr int tile_blocks(int R) {
+#if defined(__AVX512F__)
+  return VECTOR_BLOCKS + 0 * R;
+#else
+  return R <= 2 ? 4 : R <= 4 ? 2 : 1;
+#endif
+}
 // The first rows to meet a panel stream it from memory, fetching each block's line this many pairs (64 bytes each)
 // ahead: 5-16% faster at 1-64 rows than the hardware prefetchers alone (A/B in one process, weights from memory).
 constexpr int64_t STREAM_AHEAD = 32;
@@ -84,29 +94,33 @@ inline void vector_tile(const uint32_t* x, int64_t pairs, const uint16_t* w, int
 #else
 // AVX2: the same two FMAs per pair and lane (odd element, then even) as dot_step, with each weight vector widened
 // to fp32 once per pair for all R rows and each activation value broadcast as fp32, instead of widening both
-// operands for every product (those shifts, on one port of Zen 2, bounded the kernel from 3 rows up).
+// operands for every product.
 // x here: the activations as fp32 values (bf16 numbers), row stride 2 * pairs, so a broadcast is a load.
 template <int R, int C, bool STREAM>
 inline void vector_tile(const float* x, int64_t pairs, const uint16_t* w, int64_t block_stride, float* c) {
-  static_assert(C == 1, "AVX2 keeps one block of 16 columns in registers");
   const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
-  __m256 lo[R], hi[R];
-  for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+  __m256 lo[R][C], hi[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) lo[r][j] = hi[r][j] = _mm256_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
-    const i32x16 wv = load_pairs(w + p * 2 * TILE_COLS);
-    if constexpr (STREAM) _mm_prefetch(reinterpret_cast<const char*>(w + (p + STREAM_AHEAD) * 2 * TILE_COLS), _MM_HINT_T0);
-    const __m256 odd_lo = _mm256_castsi256_ps(_mm256_and_si256(wv.lo, high));
-    const __m256 odd_hi = _mm256_castsi256_ps(_mm256_and_si256(wv.hi, high));
-    const __m256 even_lo = _mm256_castsi256_ps(_mm256_slli_epi32(wv.lo, 16));
-    const __m256 even_hi = _mm256_castsi256_ps(_mm256_slli_epi32(wv.hi, 16));
-    for (int r = 0; r < R; ++r) {
-      const __m256 x_odd = _mm256_broadcast_ss(x + r * 2 * pairs + 2 * p + 1);
-      const __m256 x_even = _mm256_broadcast_ss(x + r * 2 * pairs + 2 * p);
-      lo[r] = _mm256_fmadd_ps(x_even, even_lo, _mm256_fmadd_ps(x_odd, odd_lo, lo[r]));
-      hi[r] = _mm256_fmadd_ps(x_even, even_hi, _mm256_fmadd_ps(x_odd, odd_hi, hi[r]));
+    for (int j = 0; j < C; ++j) {
+      const uint16_t* wp = w + j * block_stride + p * 2 * TILE_COLS;
+      const i32x16 wv = load_pairs(wp);
+      if constexpr (STREAM) _mm_prefetch(reinterpret_cast<const char*>(wp + STREAM_AHEAD * 2 * TILE_COLS), _MM_HINT_T0);
+      const __m256 odd_lo = _mm256_castsi256_ps(_mm256_and_si256(wv.lo, high));
+      const __m256 odd_hi = _mm256_castsi256_ps(_mm256_and_si256(wv.hi, high));
+      const __m256 even_lo = _mm256_castsi256_ps(_mm256_slli_epi32(wv.lo, 16));
+      const __m256 even_hi = _mm256_castsi256_ps(_mm256_slli_epi32(wv.hi, 16));
+      for (int r = 0; r < R; ++r) {
+        const __m256 x_odd = _mm256_broadcast_ss(x + r * 2 * pairs + 2 * p + 1);
+        const __m256 x_even = _mm256_broadcast_ss(x + r * 2 * pairs + 2 * p);
+        lo[r][j] = _mm256_fmadd_ps(x_even, even_lo, _mm256_fmadd_ps(x_odd, odd_lo, lo[r][j]));
+        hi[r][j] = _mm256_fmadd_ps(x_even, even_hi, _mm256_fmadd_ps(x_odd, odd_hi, hi[r][j]));
+      }
     }
   }
-  for (int r = 0; r < R; ++r) store16(c + r * TILE_COLS, {lo[r], hi[r]});
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < C; ++j) store16(c + (r * C + j) * TILE_COLS, {lo[r][j], hi[r][j]});
 }
 #endif
 
@@ -114,16 +128,17 @@ template <int R, bool STREAM, typename X>
 inline void vector_tile_rows(int rows, int blocks, const X* x, int64_t pairs, const uint16_t* w,
                              int64_t block_stride, float* c) {
   if (rows == R) {
-    if constexpr (VECTOR_BLOCKS >= 3) if (blocks == 3) return vector_tile<R, 3, STREAM>(x, pairs, w, block_stride, c);
-    if constexpr (VECTOR_BLOCKS >= 2) if (blocks == 2) return vector_tile<R, 2, STREAM>(x, pairs, w, block_stride, c);
+    if constexpr (tile_blocks(R) >= 4) if (blocks == 4) return vector_tile<R, 4, STREAM>(x, pairs, w, block_stride, c);
+    if constexpr (tile_blocks(R) >= 3) if (blocks == 3) return vector_tile<R, 3, STREAM>(x, pairs, w, block_stride, c);
+    if constexpr (tile_blocks(R) >= 2) if (blocks == 2) return vector_tile<R, 2, STREAM>(x, pairs, w, block_stride, c);
     return vector_tile<R, 1, STREAM>(x, pairs, w, block_stride, c);
   }
   if constexpr (R > 1) vector_tile_rows<R - 1, STREAM, X>(rows, blocks, x, pairs, w, block_stride, c);
 }
 
 // y [M, N] = bf16(x [M, K] @ w^T + bias), x as fp32 holding bf16 values, w packed by pack_weight_tiles, K even.
-// Threads take panels of VECTOR_BLOCKS weight blocks; each panel meets every activation row, 8 at a time (the
-// first 8 stream it from memory, the others read it from L2).
+// Threads take panels of weight blocks (as many as a tile of min(M, 8) rows holds); each panel meets every
+// activation row, 8 at a time (the first 8 stream it from memory, the others read it from L2).
 inline void linear_vectors(const float* x_f32, int64_t M, int64_t K, const uint16_t* packed, const uint16_t* bias,
                            int64_t N, float* y) {
 #if defined(__AVX512F__)
@@ -136,12 +151,13 @@ inline void linear_vectors(const float* x_f32, int64_t M, int64_t K, const uint1
   const int64_t row_stride = K;
 #endif
   const int64_t pairs = K / 2, blocks = (N + TILE_COLS - 1) / TILE_COLS;
-  const int64_t panels = (blocks + VECTOR_BLOCKS - 1) / VECTOR_BLOCKS;
+  const int64_t panel = tile_blocks(int(std::min<int64_t>(M, VECTOR_ROWS)));
+  const int64_t panels = (blocks + panel - 1) / panel;
   at::parallel_for(0, panels, 1, [&](int64_t q0, int64_t q1) {
     alignas(64) float c[VECTOR_ROWS * VECTOR_BLOCKS * TILE_COLS];
     for (int64_t q = q0; q < q1; ++q) {
-      const int64_t b0 = q * VECTOR_BLOCKS;
-      const int width = int(std::min<int64_t>(VECTOR_BLOCKS, blocks - b0));
+      const int64_t b0 = q * panel;
+      const int width = int(std::min<int64_t>(panel, blocks - b0));
       const uint16_t* w = packed + b0 * TILE_COLS * K;
       for (int64_t m = 0; m < M; m += VECTOR_ROWS) {
         const int rows = int(std::min<int64_t>(VECTOR_ROWS, M - m));
