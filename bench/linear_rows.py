@@ -22,10 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-SHAPES = {   # hidden, intermediate, q/k/v rows, vocabulary (Qwen3: 16 query and 8 key/value heads of 128)
-    "qwen3-1.7b": (2048, 6144, 4096, 151936),
-    "qwen3-0.6b": (1024, 3072, 4096, 151936),
-}
+from anydraft.checkpoints.shapes import SHAPES   # the real architectures `anydraft grow` knows
+
 ROWS = (1, 2, 3, 4, 5, 6, 8, 16, 64)
 
 
@@ -38,18 +36,21 @@ def child(shape: str, repeats: int, threads: int) -> dict:
     if extension is None:
         raise SystemExit("the native kernels do not build or load here")
     torch.set_num_threads(threads)
-    hidden, intermediate, qkv, vocab = SHAPES[shape]
+    s = SHAPES[shape]
+    hidden, intermediate, attention = s.hidden_size, s.intermediate_size, s.num_attention_heads * s.head_dim
+    qkv = (s.num_attention_heads + 2 * s.num_key_value_heads) * s.head_dim
     gen = torch.Generator().manual_seed(0)
 
     def weight(n: int, k: int) -> torch.Tensor:
         return (torch.randn(n, k, generator=gen) / k ** 0.5).bfloat16()
 
-    layer = [(qkv, hidden), (hidden, hidden), (2 * intermediate, hidden), (hidden, intermediate)]
+    layer = [(qkv, hidden), (hidden, attention), (2 * intermediate, hidden), (hidden, intermediate)]
     body = [(extension.pack_body_weight(weight(n, k)), n, k) for n, k in layer * 3]
-    head = weight(vocab, hidden)
+    head = weight(s.vocab_size, hidden)
     out = {}
     for rows in ROWS:
-        x = {k: torch.randn(rows, k, generator=gen).bfloat16() for k in (hidden, intermediate)}
+        widths = dict.fromkeys((hidden, attention, intermediate))   # each input width once, in this order
+        x = {k: torch.randn(rows, k, generator=gen).bfloat16() for k in widths}
         digest = hashlib.sha256()
         for packed, n, k in body:   # warm-up and the digest
             digest.update(extension.body_linear(x[k], packed, n).view(torch.int16).numpy().tobytes())
