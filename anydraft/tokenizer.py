@@ -55,9 +55,10 @@ def _read_json(path: Path) -> tuple[bytes, dict]:
     return raw, parsed
 
 
-def _fragment_json(tokenizer_json: dict) -> dict:
+def _fragment_json(tokenizer_json: dict, keep_normalization: bool = False) -> dict:
     """A copy that encodes a middle-of-text fragment byte-exactly: no dummy prefix space, no
-    normalization that changes bytes (NFC, Prepend...), no post-processor specials."""
+    normalization that changes bytes (NFC, Prepend...), no post-processor specials. keep_normalization: keep
+    every normalizer but Prepend (the text continues one the full tokenizer normalized)."""
     fragment = copy.deepcopy({k: v for k, v in tokenizer_json.items() if k != "model"})
     fragment["model"] = tokenizer_json["model"]  # large and untouched: share rather than copy
 
@@ -65,6 +66,8 @@ def _fragment_json(tokenizer_json: dict) -> dict:
         if part.get("type") == "Sequence":
             kept = [p for p in (keep_normalizer(child) for child in part.get("normalizers") or []) if p]
             return {"type": "Sequence", "normalizers": kept} if kept else None
+        if keep_normalization:
+            return None if part.get("type") == "Prepend" else part
         # Only the space -> ▁ replacement is reversed by the token bytes; every other step edits text.
         is_space_replace = part.get("type") == "Replace" and (part.get("pattern") or {}).get("String") == " "
         return part if is_space_replace else None
@@ -201,6 +204,19 @@ class Tokenizer:
         special-token strings treated as plain text. Used by re-sync; see vocab/resync.py."""
         try:
             return self._fragment_hf.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            check_text(text)
+            raise
+
+    @cached_property
+    def _continuation_hf(self) -> HFTokenizer:
+        return HFTokenizer.from_str(json.dumps(_fragment_json(self._json, keep_normalization=True)))
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """Encode text that continues an encoded one: as encode() would mid-text (specials, normalization), without
+        the dummy prefix space or the bos/eos of a sequence's start."""
+        try:
+            return self._continuation_hf.encode(text, add_special_tokens=False).ids
         except TypeError:
             check_text(text)
             raise

@@ -38,6 +38,10 @@ def add_parser(sub) -> None:
     add_cache_args(p)
     p.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float64")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when present)")
+    p.add_argument("--reuse-reply-ids", action=argparse.BooleanOptionalAction, default=True,
+                   help="a prompt that repeats the text of a finished request (a chat's next turn) is given the ids "
+                        "the model generated for it, so its reply is a prefix-cache hit (default on; "
+                        "docs/serving.md#memory-and-prefix-caching)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="the server's log level")
 
@@ -83,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                          dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                          api_key=args.api_key, kv_cache_memory=args.kv_cache_memory,
-                         enable_prefix_caching=args.enable_prefix_caching)
+                         enable_prefix_caching=args.enable_prefix_caching, reuse_reply_ids=args.reuse_reply_ids)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     failed: list[str] = []
 

@@ -30,6 +30,7 @@ from .async_engine import AsyncEngine, RequestDelta
 from .logprob_format import CompletionLogprobs, chat_logprobs
 from .metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from .protocol import ApiError, ChatCompletionRequest, CompletionRequest, validation_error
+from .reply_memory import ReplyMemory
 
 logger = logging.getLogger("anydraft.serve")
 
@@ -48,6 +49,7 @@ class ServeConfig:
     api_key: str | None = None
     kv_cache_memory: int | str | None = None
     enable_prefix_caching: bool = True
+    reuse_reply_ids: bool = True   # a prompt repeating a finished request's text gets its generated ids
     llm_kwargs: dict = field(default_factory=dict)
 
 
@@ -59,6 +61,7 @@ class ServerState:
         self.on_load_error = on_load_error   # called with the message when loading fails (the CLI exits)
         self.engine: AsyncEngine | None = None
         self.tokenizer = None
+        self.replies: ReplyMemory | None = None
         self.load_error: str | None = None
         spec = SpeculativeConfig.from_any(config.speculative_config)   # validated here: a bad one fails at start
         k = 0 if spec is None else spec.num_speculative_tokens
@@ -79,7 +82,10 @@ class ServerState:
                 self.on_load_error(self.load_error)
             return
         self.tokenizer = llm.tokenizer
-        engine = AsyncEngine(llm.engine, self.metrics)
+        if c.reuse_reply_ids and c.enable_prefix_caching:   # the ids only help where the cache holds their KV
+            self.replies = ReplyMemory(llm.tokenizer, llm.engine.target.cache.pool.usable_blocks
+                                       * llm.engine.target.cache.pool.block_size)
+        engine = AsyncEngine(llm.engine, self.metrics, None if self.replies is None else self.replies.remember)
         engine.start()
         self.engine = engine
         logger.info("ready: %s (%s)", c.served_model_name, llm.draft_info.get("vocab_mode") or "target alone")
@@ -157,7 +163,8 @@ def create_app(config: ServeConfig, load_in_background: bool = True, on_load_err
         prompt, prompt_ids = body.prompt_input()
         if prompt_ids is None:
             prompt_ids = _encode(state, prompt, "prompt") if prompt else []
-        return await _serve(state, engine, body, raw, prompt, prompt_ids, body.max_tokens, chat=False)
+        return await _serve(state, engine, body, raw, prompt, prompt_ids, body.max_tokens, chat=False,
+                            from_text=prompt is not None)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
@@ -170,7 +177,8 @@ def create_app(config: ServeConfig, load_in_background: bool = True, on_load_err
         except (TokenizerError, TemplateError) as e:
             raise ApiError(400, f"the model's chat template cannot format these messages: {e}", "messages") from e
         prompt_ids = _encode(state, prompt, "messages", add_special_tokens=False)
-        return await _serve(state, engine, body, raw, prompt, prompt_ids, body.requested_max_tokens, chat=True)
+        return await _serve(state, engine, body, raw, prompt, prompt_ids, body.requested_max_tokens, chat=True,
+                            from_text=True)
 
     return app
 
@@ -186,8 +194,13 @@ class _AsciiJSONResponse(JSONResponse):
 
 
 def _encode(state: ServerState, text: str, field_name: str, **kwargs) -> list[int]:
+    """The prompt's target ids: a finished request's generated ids for the text it repeats (the reply memory)."""
     try:
-        return state.tokenizer.encode(text, **kwargs)
+        if state.replies is None:
+            return state.tokenizer.encode(text, **kwargs)
+        prompt_ids, num_reused = state.replies.encode(text, lambda whole: state.tokenizer.encode(whole, **kwargs))
+        state.metrics.observe_reply_reuse(num_reused)
+        return prompt_ids
     except ValueError as e:   # text the tokenizer refuses (a lone surrogate), should the models let one through
         raise ApiError(400, f"{field_name}: {e}", field_name) from e
 
@@ -202,7 +215,7 @@ def _checked(state: ServerState, body) -> AsyncEngine:
 
 
 async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, prompt: str | None, prompt_ids: list[int],
-                 max_tokens: int | None, chat: bool):
+                 max_tokens: int | None, chat: bool, from_text: bool):
     max_model_len = engine.max_model_len
     if prompt_ids and len(prompt_ids) < max_model_len:
         room = max_model_len - len(prompt_ids)
@@ -218,6 +231,9 @@ async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, pr
     except ValueError as e:
         raise ApiError(400, str(e), "logit_bias" if str(e).startswith("logit_bias")
                        else "messages" if chat else "prompt") from e
+    if from_text and state.replies is not None:
+        for request in requests:
+            state.replies.watch(request)
     echo = None if chat or not body.echo else (requests[0].prompt, requests[0].prompt_target_ids)
     reply = _Reply(state.config.served_model_name, chat, {r.request_id: i for i, r in enumerate(requests)},
                    len(prompt_ids), state.tokenizer, bool(body.logprobs if chat else body.logprobs is not None), echo)

@@ -53,8 +53,9 @@ def spec_decode_summary(request: Request) -> dict:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, metrics: ServerMetrics):
-        self.engine, self.metrics = engine, metrics
+    def __init__(self, engine: Engine, metrics: ServerMetrics, on_finished=None):
+        """on_finished(request): called on the engine thread when a request ends (finished, aborted or failed)."""
+        self.engine, self.metrics, self.on_finished = engine, metrics, on_finished
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}   # request_id -> its queue
         self._last_output: dict[int, float] = {}                                      # request_id -> time
@@ -104,13 +105,13 @@ class AsyncEngine:
                 continue
             try:
                 updated = self.engine.step()
+                now = time.perf_counter()
+                for request in updated:
+                    self._post(request, now)
             except Exception as e:   # a bug or a device error: fail the requests in flight, keep serving
                 logger.exception("engine step failed")
                 self._fail_all(f"the engine failed: {type(e).__name__}: {e}")
                 continue
-            now = time.perf_counter()
-            for request in updated:
-                self._post(request, now)
             self.metrics.observe_spec(self.engine.stats)
             self.metrics.observe_queue(len(self.engine.scheduler.running), len(self.engine.scheduler.waiting))
             self.metrics.observe_caches(self.engine.kv_pools(), self.engine.scheduler.num_preemptions)
@@ -154,6 +155,15 @@ class AsyncEngine:
         self._sinks.pop(request.request_id, None)
         self._last_output.pop(request.request_id, None)
         self.metrics.observe_finished(request.finish_reason, len(request.prompt_target_ids), now - request.arrival)
+        self._notify_finished(request)
+
+    def _notify_finished(self, request: Request) -> None:
+        if self.on_finished is None:
+            return
+        try:
+            self.on_finished(request)
+        except Exception:   # a listener's bug must not stop the engine thread (every stream would hang)
+            logger.exception("on_finished failed for request %d", request.request_id)
 
     def _fail_all(self, message: str) -> None:
         requests = list(self.engine.scheduler.running.values()) + list(self.engine.scheduler.waiting)
@@ -165,3 +175,4 @@ class AsyncEngine:
                                       len(request.output_target_ids), None, message)
                 loop.call_soon_threadsafe(sink.put_nowait, failed)
             self._last_output.pop(request.request_id, None)
+            self._notify_finished(request)

@@ -50,11 +50,14 @@ class ServerMetrics:
                                       ["cache"])
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache", ["cache"])
         self.preemptions = counter("num_preemptions", "Requests preempted (blocks freed, re-prefilled later)")
+        self.reply_reuse = counter("reply_reuse_tokens", "Prompt tokens given as the ids a finished request read and "
+                                                         "wrote, its text being repeated (the reply memory)")
         self._labels = labels
         self._seen_lookups: dict[str, tuple[int, int]] = {}   # cache -> (queried, hit) tokens counted so far
         self._seen_preemptions = 0
         for m in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, self.prompt_tokens,
-                  self.generation_tokens, self.running, self.waiting, self.ttft, self.itl, self.e2e, self.preemptions):
+                  self.generation_tokens, self.running, self.waiting, self.ttft, self.itl, self.e2e, self.preemptions,
+                  self.reply_reuse):
             m.labels(**labels)   # present (at 0) from the start, as vLLM's are
         for position in range(num_speculative_tokens):
             self.accepted_per_pos.labels(**labels, position=str(position))
@@ -100,6 +103,9 @@ class ServerMetrics:
         self.request_success.labels(**self._labels, finished_reason=reason).inc()
         self.prompt_tokens.labels(**self._labels).inc(num_prompt_tokens)
         self.e2e.labels(**self._labels).observe(seconds_since_arrival)
+
+    def observe_reply_reuse(self, num_tokens: int) -> None:
+        self.reply_reuse.labels(**self._labels).inc(num_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from anydraft.config import SamplingParams
+from anydraft.model.kv_cache import BLOCK_TOKENS
 
 from tiny_models import gsm8k_questions, tokenizer_of
 
@@ -210,3 +211,30 @@ def test_penalties_and_logit_bias_reach_the_engine(tiny_server, tiny_llm, prompt
                                   logit_bias=bias, extra_body=extra, **fields)
         assert whole.choices[0].text == text == out.outputs[0].text != unpenalized.outputs[0].text
         assert 13 in out.outputs[0].token_ids and 11 not in out.outputs[0].token_ids
+
+
+def test_a_prompt_repeating_a_reply_reads_the_ids_the_model_generated(tiny_server, tiny_llm, tiny_ckpts):
+    """The random target writes text in other pieces than its tokenizer reads it (partial UTF-8 among them): a
+    prompt that repeats a finished completion's prompt and text is given the ids the model read and wrote, so
+    those are prefix-cache hits, and the answer is LLM.generate's on exactly those ids."""
+    client = tiny_server.client()
+    tokenizer = tokenizer_of(tiny_ckpts.qwen3_target)
+    prompt = " ".join(gsm8k_questions(1, start=430)[0].split()[:12])
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0,
+                                      extra_body={"ignore_eos": True}).choices[0].text
+    generated = tiny_llm.generate([prompt], params)[0].outputs[0]
+    assert first == generated.text
+    known_ids = tokenizer.encode(prompt) + list(generated.token_ids)
+    follow = prompt + first + " So the answer is"
+    spliced = known_ids + tokenizer.encode_continuation(" So the answer is")
+    assert spliced != tokenizer.encode(follow)   # control: the text encoded afresh reads other ids
+    reused, hits = "anydraft:reply_reuse_tokens_total", 'anydraft:prefix_cache_hits_total{cache="target"'
+    before = (tiny_server.metric(reused), tiny_server.metric(hits))
+    second = client.completions.create(model="tiny", prompt=follow, max_tokens=8, temperature=0)
+    assert tiny_server.metric(reused) - before[0] == len(known_ids)
+    # Full blocks of what the first request's cache held (its prompt and output but the last token).
+    assert tiny_server.metric(hits) - before[1] >= (len(known_ids) - 1) // BLOCK_TOKENS * BLOCK_TOKENS > 0
+    assert second.usage.prompt_tokens == len(spliced)
+    expected = tiny_llm.generate([{"prompt_token_ids": spliced}], SamplingParams(temperature=0, max_tokens=8))
+    assert second.choices[0].text == expected[0].outputs[0].text
