@@ -107,7 +107,6 @@ inline void dot_tile(const uint16_t* x, int64_t K, const uint16_t* const* w, f32
   // AVX2: dot_step's two FMAs per lane, in its order, with each operand widened once per step rather than once per
   // product, and the low and high 8 lanes (columns k..k+15 and k+16..k+31 of each step) summed in two passes so
   // that a tile's accumulators fit the 16 registers. The last partial step is below.
-  const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
   const int64_t full = K - K % PAIR_STEP;
   for (int h = 0; h < 2; ++h) {
     __m256 lanes[R][C];
@@ -117,13 +116,12 @@ inline void dot_tile(const uint16_t* x, int64_t K, const uint16_t* const* w, f32
       __m256 x_odd[R], x_even[R];
       for (int r = 0; r < R; ++r) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * K + j));
-        x_odd[r] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
-        x_even[r] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        x_odd[r] = odd_bf16x8(v);
+        x_even[r] = even_bf16x8(v);
       }
       for (int c = 0; c < C; ++c) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[c] + j));
-        const __m256 w_odd = _mm256_castsi256_ps(_mm256_and_si256(v, high));
-        const __m256 w_even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+        const __m256 w_odd = odd_bf16x8(v), w_even = even_bf16x8(v);
         for (int r = 0; r < R; ++r)
           lanes[r][c] = _mm256_fmadd_ps(x_even[r], w_even, _mm256_fmadd_ps(x_odd[r], w_odd, lanes[r][c]));
       }

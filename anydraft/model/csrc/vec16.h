@@ -185,11 +185,14 @@ inline __m256 round_bf16x8(__m256 v) {   // float_to_bf16's rounding, NaN kept q
 }
 inline f32x16 round_bf16x16(f32x16 v) { return {round_bf16x8(v.lo), round_bf16x8(v.hi)}; }
 
+// The two bf16 of each 32-bit pair as fp32 (exact): the odd element (the high half), the even one (the low).
+inline __m256 odd_bf16x8(__m256i pairs) { return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(int32_t(0xFFFF0000u)))); }
+inline __m256 even_bf16x8(__m256i pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
+
 // The odd elements' products, then the even ones', as two FMAs per half (AVX-512's path without BF16).
 inline __m256 dot_step8(__m256 acc, __m256i x, __m256i w) {
-  const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
-  acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(x, high)), _mm256_castsi256_ps(_mm256_and_si256(w, high)), acc);
-  return _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)), acc);
+  acc = _mm256_fmadd_ps(odd_bf16x8(x), odd_bf16x8(w), acc);
+  return _mm256_fmadd_ps(even_bf16x8(x), even_bf16x8(w), acc);
 }
 inline f32x16 dot_step(f32x16 acc, i32x16 x, i32x16 w) { return {dot_step8(acc.lo, x.lo, w.lo), dot_step8(acc.hi, x.hi, w.hi)}; }
 #endif

@@ -60,7 +60,8 @@ constexpr int VECTOR_BLOCKS = 4;   // at most; see tile_blocks
 // a few), so that a decode step's one or two rows still keep 8 or more accumulators, as the FMA latency needs.
 constexpr int tile_blocks(int R) {
 #if defined(__AVX512F__)
-  return VECTOR_BLOCKS + 0 * R;
+  static_cast<void>(R);   // one width for every row count here
+  return VECTOR_BLOCKS;
 #else
   return R <= 2 ? 4 : R <= 4 ? 2 : 1;
 #endif
@@ -98,7 +99,6 @@ inline void vector_tile(const uint32_t* x, int64_t pairs, const uint16_t* w, int
 // x here: the activations as fp32 values (bf16 numbers), row stride 2 * pairs, so a broadcast is a load.
 template <int R, int C, bool STREAM>
 inline void vector_tile(const float* x, int64_t pairs, const uint16_t* w, int64_t block_stride, float* c) {
-  const __m256i high = _mm256_set1_epi32(int32_t(0xFFFF0000u));
   __m256 lo[R][C], hi[R][C];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < C; ++j) lo[r][j] = hi[r][j] = _mm256_setzero_ps();
@@ -107,10 +107,8 @@ inline void vector_tile(const float* x, int64_t pairs, const uint16_t* w, int64_
       const uint16_t* wp = w + j * block_stride + p * 2 * TILE_COLS;
       const i32x16 wv = load_pairs(wp);
       if constexpr (STREAM) _mm_prefetch(reinterpret_cast<const char*>(wp + STREAM_AHEAD * 2 * TILE_COLS), _MM_HINT_T0);
-      const __m256 odd_lo = _mm256_castsi256_ps(_mm256_and_si256(wv.lo, high));
-      const __m256 odd_hi = _mm256_castsi256_ps(_mm256_and_si256(wv.hi, high));
-      const __m256 even_lo = _mm256_castsi256_ps(_mm256_slli_epi32(wv.lo, 16));
-      const __m256 even_hi = _mm256_castsi256_ps(_mm256_slli_epi32(wv.hi, 16));
+      const __m256 odd_lo = odd_bf16x8(wv.lo), odd_hi = odd_bf16x8(wv.hi);
+      const __m256 even_lo = even_bf16x8(wv.lo), even_hi = even_bf16x8(wv.hi);
       for (int r = 0; r < R; ++r) {
         const __m256 x_odd = _mm256_broadcast_ss(x + r * 2 * pairs + 2 * p + 1);
         const __m256 x_even = _mm256_broadcast_ss(x + r * 2 * pairs + 2 * p);
