@@ -226,6 +226,30 @@ def test_native_rows_are_bit_identical_whatever_the_batch_shape(native_ckpts, mo
 
 
 @needs_native
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (6, 2), (10, 2), (8, 1)])
+def test_attention_of_any_query_group_size_is_exact_per_query(tmp_path, monkeypatch, heads, kv_heads):
+    """Query heads per KV head of 1, 3, 5 and 8 (the AVX2 kernel attends up to 4 of a group at once, so 5 and 8 split
+    in two): close to float64 as the PyTorch path is, and a 40-token forward (more keys than a 16-key group) equals
+    the same tokens one at a time, bit for bit."""
+    path = make_checkpoint(tmp_path / "ckpt", "LlamaForCausalLM", TOKENIZERS / "llama2", 32000, hidden=16 * heads,
+                           layers=2, heads=heads, kv_heads=kv_heads, seed=11)
+    tokens = torch.randint(0, 1000, (1, 40), generator=torch.Generator().manual_seed(2))
+    exact, _ = load_model(path, torch.float64, CPU)
+    with torch.inference_mode():
+        reference = exact.logits(exact(tokens))
+    errors = {}
+    for native in (True, False):
+        runner = _runner(path, monkeypatch, native)
+        logits = runner.logits(runner.forward([0], tokens))
+        errors[native] = (logits.double() - reference).abs().mean().item()
+        if native:
+            runner.cache.reset(0)
+            one_by_one = torch.cat([runner.logits(runner.forward([0], tokens[:, i:i + 1])) for i in range(40)], dim=1)
+            assert torch.equal(logits, one_by_one)
+    assert errors[True] <= 1.5 * errors[False], errors
+
+
+@needs_native
 def test_a_ragged_prefill_runs_only_real_tokens_and_gives_each_prompt_its_alone_values(native_ckpts, monkeypatch):
     """Prompts of 11, 3 and 7 tokens joining together: one native call over their 21 tokens (no padding), and the
     same last hidden states and cache entries as each prompt prefilled alone."""
