@@ -185,18 +185,25 @@ def test_a_killed_build_does_not_block_later_loads():
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_native_is_as_close_to_float64_as_the_pytorch_path(native_ckpts, monkeypatch, arch):
     """Both bf16 paths against the float64 model: the native one may round differently, not worse."""
-    path = native_ckpts[arch]
     input_ids = torch.randint(0, 1000, (2, 13), generator=torch.Generator().manual_seed(3))
+    errors, reference, _ = _float64_errors(native_ckpts[arch], monkeypatch, input_ids)
+    assert errors[True] <= 1.5 * errors[False], errors
+    assert errors[True] < 0.05 * reference.abs().mean().item()
+
+
+def _float64_errors(path, monkeypatch, input_ids: torch.Tensor):
+    """Mean absolute logit error of the native (True) and PyTorch (False) bf16 paths against the float64 model, for
+    rows 0.. of input_ids [B, S]; also the float64 logits and (runner, logits) of the native path."""
     exact, _ = load_model(path, torch.float64, CPU)
     with torch.inference_mode():
         reference = exact.logits(exact(input_ids))
-    errors = {}
+    errors, native_out = {}, None
     for native in (True, False):
         runner = _runner(path, monkeypatch, native)
-        logits = runner.logits(runner.forward([0, 1], input_ids)).double()
-        errors[native] = (logits - reference).abs().mean().item()
-    assert errors[True] <= 1.5 * errors[False], errors
-    assert errors[True] < 0.05 * reference.abs().mean().item()
+        logits = runner.logits(runner.forward(list(range(input_ids.shape[0])), input_ids))
+        errors[native] = (logits.double() - reference).abs().mean().item()
+        native_out = native_out or (runner, logits)
+    return errors, reference, native_out
 
 
 @needs_native
@@ -234,19 +241,11 @@ def test_attention_of_any_query_group_size_is_exact_per_query(tmp_path, monkeypa
     path = make_checkpoint(tmp_path / "ckpt", "LlamaForCausalLM", TOKENIZERS / "llama2", 32000, hidden=16 * heads,
                            layers=2, heads=heads, kv_heads=kv_heads, seed=11)
     tokens = torch.randint(0, 1000, (1, 40), generator=torch.Generator().manual_seed(2))
-    exact, _ = load_model(path, torch.float64, CPU)
-    with torch.inference_mode():
-        reference = exact.logits(exact(tokens))
-    errors = {}
-    for native in (True, False):
-        runner = _runner(path, monkeypatch, native)
-        logits = runner.logits(runner.forward([0], tokens))
-        errors[native] = (logits.double() - reference).abs().mean().item()
-        if native:
-            runner.cache.reset(0)
-            one_by_one = torch.cat([runner.logits(runner.forward([0], tokens[:, i:i + 1])) for i in range(40)], dim=1)
-            assert torch.equal(logits, one_by_one)
+    errors, _, (runner, logits) = _float64_errors(path, monkeypatch, tokens)
     assert errors[True] <= 1.5 * errors[False], errors
+    runner.cache.reset(0)
+    one_by_one = torch.cat([runner.logits(runner.forward([0], tokens[:, i:i + 1])) for i in range(40)], dim=1)
+    assert torch.equal(logits, one_by_one)
 
 
 @needs_native
