@@ -105,13 +105,17 @@ class AsyncEngine:
                 continue
             try:
                 updated = self.engine.step()
-                now = time.perf_counter()
-                for request in updated:
-                    self._post(request, now)
             except Exception as e:   # a bug or a device error: fail the requests in flight, keep serving
                 logger.exception("engine step failed")
                 self._fail_all(f"the engine failed: {type(e).__name__}: {e}")
                 continue
+            now = time.perf_counter()
+            for request in updated:
+                try:
+                    self._post(request, now)
+                except Exception as e:   # a bug in one request's output: that request fails, the others go on
+                    logger.exception("posting request %d's output failed", request.request_id)
+                    self._fail(request, f"the server failed on this request's output: {type(e).__name__}: {e}")
             self.metrics.observe_spec(self.engine.stats)
             self.metrics.observe_queue(len(self.engine.scheduler.running), len(self.engine.scheduler.waiting))
             self.metrics.observe_caches(self.engine.kv_pools(), self.engine.scheduler.num_preemptions)
@@ -166,13 +170,16 @@ class AsyncEngine:
             logger.exception("on_finished failed for request %d", request.request_id)
 
     def _fail_all(self, message: str) -> None:
-        requests = list(self.engine.scheduler.running.values()) + list(self.engine.scheduler.waiting)
-        for request in requests:
-            self.engine.abort(request)
-            loop, sink = self._sinks.pop(request.request_id, (None, None))
-            if sink is not None:
-                failed = RequestDelta(request.request_id, "", [], "abort", len(request.prompt_target_ids),
-                                      len(request.output_target_ids), None, message)
-                loop.call_soon_threadsafe(sink.put_nowait, failed)
-            self._last_output.pop(request.request_id, None)
-            self._notify_finished(request)
+        for request in list(self.engine.scheduler.running.values()) + list(self.engine.scheduler.waiting):
+            self._fail(request, message)
+
+    def _fail(self, request: Request, message: str) -> None:
+        """End the request (if still running) and its stream with the error, once."""
+        self.engine.abort(request)
+        loop, sink = self._sinks.pop(request.request_id, (None, None))
+        if sink is not None:
+            failed = RequestDelta(request.request_id, "", [], "abort", len(request.prompt_target_ids),
+                                  len(request.output_target_ids), None, message)
+            loop.call_soon_threadsafe(sink.put_nowait, failed)
+        self._last_output.pop(request.request_id, None)
+        self._notify_finished(request)
