@@ -63,12 +63,17 @@ class Scheduler:
                 budget -= n
         if not decode and not prefill and self.running:   # every row waits for blocks: free the newest one's
             self._preempt(list(self.running.values())[-1], preempted)
+        deferred = []
         while budget > 0 and self.waiting and self.free_rows and not preempted:
+            if self._awaits_a_prefix(self.waiting[0]):
+                deferred.append(self.waiting.popleft())
+                continue
             n = self._admit(self.waiting[0], budget)
             if not n:
                 break
             prefill.append((self.waiting.popleft(), n))
             budget -= n
+        self.waiting.extendleft(reversed(deferred))
         completing = [request.num_prefilled + n == len(request.prefill_target_ids) for request, n in prefill]
         self.decoding.update(request.row for (request, _), done in zip(prefill, completing) if done)
         return ScheduledStep(prefill, decode, completing, preempted)
@@ -93,6 +98,24 @@ class Scheduler:
         if n > 0:
             cache.reserve([row], [cache.lengths[row] + n])
         return max(n, 0)
+
+    def _awaits_a_prefix(self, request) -> bool:
+        """Whether a prefilling request will publish a full block of this one's prompt that the cache lacks now:
+        admitted now it would compute that prefix a second time (a burst of requests with one system prompt), so
+        it waits until the blocks are cached. Requests behind it are admitted meanwhile."""
+        if not self.cache.prefix_caching or request.resuming:
+            return False
+        wanted = request.prefill_target_ids
+        for other in self.running.values():
+            if other.row in self.decoding:
+                continue
+            # Its cached blocks end at `start`; the next full block is shared and would be hit if it were cached
+            # (hits stop before the last prompt token, which is always computed).
+            start = other.num_prefilled // BLOCK_TOKENS * BLOCK_TOKENS
+            end = start + BLOCK_TOKENS
+            if end <= min(len(wanted) - 1, len(other.prefill_target_ids)) and wanted[:end] == other.prefill_target_ids[:end]:
+                return True
+        return False
 
     def _admit(self, request, budget: int) -> int:
         """Give the request a row, its cached prefix and blocks for its first chunk; 0 (nothing changed) where that

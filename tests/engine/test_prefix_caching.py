@@ -10,9 +10,10 @@ from anydraft.llm import LLM
 from anydraft.model.kv_cache import BLOCK_TOKENS, blocks_for
 from anydraft.model.loader import resolve_model_path
 from anydraft.model.native_extension import why_not_hardware
+from anydraft.scheduler import Scheduler
 
 from reference_model import reference_greedy
-from tiny_models import gsm8k_questions
+from tiny_models import gsm8k_questions, tokenizer_of
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 
@@ -23,7 +24,8 @@ def shared_prefix_prompts() -> list[str]:
 
 
 def spec_llm(target, draft, dtype: str, **options) -> LLM:
-    return LLM(model=str(target), dtype=dtype, device="cpu", max_num_seqs=2, max_model_len=384,
+    options = {"max_num_seqs": 2, **options}
+    return LLM(model=str(target), dtype=dtype, device="cpu", max_model_len=384,
                speculative_config={"model": str(draft), "num_speculative_tokens": 3, "adaptive": False}, **options)
 
 
@@ -78,3 +80,21 @@ def test_a_preemption_storm_finishes_every_request_as_an_unpressured_run(ckpts):
     assert expected == [reference_greedy(target, p, 120) for p in prompts]
     pool = tight.engine.kv_pools()["target"]
     assert pool.num_free == pool.usable_blocks   # every block came back
+
+
+def test_a_burst_sharing_a_prefix_computes_it_once(ckpts, monkeypatch):
+    """Three prompts with one long prefix arrive together, with room to admit all three in one step: the second and
+    third wait until the first has cached the prefix, then hit it, and every output stays the target alone's.
+    Control: admitted at once (the wait switched off) they hit almost nothing."""
+    prompts = shared_prefix_prompts()
+    prefix_tokens = len(tokenizer_of(ckpts.gpt2_target).encode(prompts[0].split("\nQuestion:")[0]))
+    expected = [reference_greedy(ckpts.gpt2_target, prompt, 40) for prompt in prompts]
+    hits = {}
+    for waits in (True, False):
+        if not waits:
+            monkeypatch.setattr(Scheduler, "_awaits_a_prefix", lambda self, request: False)
+        llm = spec_llm(ckpts.gpt2_target, ckpts.gpt2_shuffled_noisy_draft, "float64", max_num_seqs=3,
+                       max_num_batched_tokens=1024)
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == expected
+        hits[waits] = llm.engine.kv_pools()["target"].stats.hit_tokens
+    assert hits[True] >= 2 * (prefix_tokens // BLOCK_TOKENS - 1) * BLOCK_TOKENS > hits[False], (hits, prefix_tokens)
