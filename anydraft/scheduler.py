@@ -5,7 +5,8 @@ forward), and what is left goes to prompts, first to those already part-way in, 
 prompt is thus prefilled in chunks while the running requests keep decoding. Blocks bound it too: decoding rows get
 their k+1 slots first; where the pool runs short the newest request is preempted (its blocks freed and published to
 the prefix cache, its output kept; it re-prefills later, mostly from that cache). A waiting request is admitted when
-a row is free and its first chunk's blocks fit, after taking the longest cached prefix of its prompt.
+a row is free and its first chunk's blocks fit, after taking the longest cached prefix of its prompt; one whose
+prompt shares a block that a prefilling request is about to cache waits for it rather than compute it again.
 """
 from __future__ import annotations
 

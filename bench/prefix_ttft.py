@@ -95,7 +95,8 @@ async def run(args) -> dict:
         turns = list(zip(*r["multi_turn_ttft"]))
         r["shared_prefix_mean_ttft"] = statistics.mean(r["shared_prefix_ttft"])
         r["turn_median_ttft"] = [statistics.median(t) for t in turns]
-        r["turn_last_over_first"] = r["turn_median_ttft"][-1] / r["turn_median_ttft"][0]
+        if turns:   # --turns 0: the shared-prefix workload only
+            r["turn_last_over_first"] = r["turn_median_ttft"][-1] / r["turn_median_ttft"][0]
     return {"servers": servers, "models": models, "settings": vars(args), "results": results}
 
 
@@ -108,7 +109,9 @@ def table(out: dict) -> str:
     for turn in range(len(r[labels[0]]["turn_median_ttft"])):
         lines.append(f"| chat turn {turn + 1}, median TTFT (s) | " +
                      " | ".join(f"{r[l]['turn_median_ttft'][turn]:.3f}" for l in labels) + " |")
-    lines.append("| turn last / turn 1 | " + " | ".join(f"{r[l]['turn_last_over_first']:.2f}" for l in labels) + " |")
+    if r[labels[0]]["turn_median_ttft"]:
+        lines.append("| turn last / turn 1 | " + " | ".join(f"{r[l]['turn_last_over_first']:.2f}" for l in labels)
+                     + " |")
     return "\n".join(lines)
 
 
