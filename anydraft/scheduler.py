@@ -101,21 +101,25 @@ class Scheduler:
         return max(n, 0)
 
     def _awaits_a_prefix(self, request) -> bool:
-        """Whether a prefilling request will publish a full block of this one's prompt that the cache lacks now:
+        """Whether a prefilling request will cache a full block of this one's prompt that the cache lacks now:
         admitted now it would compute that prefix a second time (a burst of requests with one system prompt), so
-        it waits until the blocks are cached. Requests behind it are admitted meanwhile."""
-        if not self.cache.prefix_caching or request.resuming:
-            return False
+        it waits until the block is cached. Requests behind it are admitted meanwhile."""
+        if not self.cache.prefix_caching or request.resuming or request.params.prompt_logprobs is not None:
+            return False   # a request scoring its prompt reads no cached prefix: nothing to wait for
         wanted = request.prefill_target_ids
+        cached = None
         for other in self.running.values():
             if other.row in self.decoding:
                 continue
-            # Its cached blocks end at `start`; the next full block is shared and would be hit if it were cached
-            # (hits stop before the last prompt token, which is always computed).
+            # Its cached blocks end at `start`; the next full block is shared and would be hit once cached (hits
+            # stop before the last prompt token, which is always computed).
             start = other.num_prefilled // BLOCK_TOKENS * BLOCK_TOKENS
             end = start + BLOCK_TOKENS
             if end <= min(len(wanted) - 1, len(other.prefill_target_ids)) and wanted[:end] == other.prefill_target_ids[:end]:
-                return True
+                if cached is None:   # cached already (another request's): no need to wait for this one's
+                    cached = len(self.cache.pool.match(wanted, len(wanted) - 1)) * BLOCK_TOKENS
+                if cached < end:
+                    return True
         return False
 
     def _admit(self, request, budget: int) -> int:

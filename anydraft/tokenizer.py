@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -214,12 +215,23 @@ class Tokenizer:
 
     def encode_continuation(self, text: str) -> list[int]:
         """Encode text that continues an encoded one: as encode() would mid-text (specials, normalization), without
-        the dummy prefix space or the bos/eos of a sequence's start."""
+        the dummy prefix space or the bos/eos of a sequence's start. The library normalizes each piece between
+        added tokens on its own (a Prepend normalizer marks each), so only the piece before the first added token
+        is encoded as a continuation, the rest as encode() does."""
+        found = self._added_token_pattern.search(text) if self._added_token_pattern else None
+        head, tail = (text[:found.start()], text[found.start():]) if found else (text, "")
         try:
-            return self._continuation_hf.encode(text, add_special_tokens=False).ids
+            ids = self._continuation_hf.encode(head, add_special_tokens=False).ids if head else []
+            return ids + (self._hf.encode(tail, add_special_tokens=False).ids if tail else [])
         except TypeError:
             check_text(text)
             raise
+
+    @cached_property
+    def _added_token_pattern(self) -> re.Pattern | None:
+        contents = sorted({a["content"] for a in self._json.get("added_tokens") or [] if a.get("content")},
+                          key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, contents))) if contents else None
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._hf.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -198,7 +198,7 @@ def _encode(state: ServerState, text: str, field_name: str, **kwargs) -> list[in
     try:
         if state.replies is None:
             return state.tokenizer.encode(text, **kwargs)
-        prompt_ids, num_reused = state.replies.encode(text, lambda whole: state.tokenizer.encode(whole, **kwargs))
+        prompt_ids, num_reused = state.replies.encode(text, kwargs.get("add_special_tokens", True))
         state.metrics.observe_reply_reuse(num_reused)
         return prompt_ids
     except ValueError as e:   # text the tokenizer refuses (a lone surrogate), should the models let one through
@@ -231,13 +231,12 @@ async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, pr
     except ValueError as e:
         raise ApiError(400, str(e), "logit_bias" if str(e).startswith("logit_bias")
                        else "messages" if chat else "prompt") from e
-    if from_text and state.replies is not None:
-        for request in requests:
-            state.replies.watch(request)
     echo = None if chat or not body.echo else (requests[0].prompt, requests[0].prompt_target_ids)
     reply = _Reply(state.config.served_model_name, chat, {r.request_id: i for i, r in enumerate(requests)},
                    len(prompt_ids), state.tokenizer, bool(body.logprobs if chat else body.logprobs is not None), echo)
     deltas = engine.stream(requests)
+    if from_text and state.replies is not None:   # a chat's template holds its specials; a completion gets BOS
+        deltas = state.replies.watching(requests, not chat, deltas)
     if body.stream:
         return StreamingResponse(reply.sse(deltas, body.include_usage), media_type="text/event-stream")
     return await reply.whole(deltas, raw)

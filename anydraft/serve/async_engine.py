@@ -58,6 +58,7 @@ class AsyncEngine:
         self.engine, self.metrics, self.on_finished = engine, metrics, on_finished
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}   # request_id -> its queue
+        self._live: dict[int, Request] = {}   # request_id -> request, from queued until its stream's last delta
         self._last_output: dict[int, float] = {}                                      # request_id -> time
         self._stopped = threading.Event()
         self._last_log = 0.0
@@ -130,6 +131,7 @@ class AsyncEngine:
                 kind, request, sink = item
                 if kind == "add":
                     self._sinks[request.request_id] = sink
+                    self._live[request.request_id] = request
                     self.engine.submit(request)
                 elif kind == "abort" and request.request_id in self._sinks:
                     self.engine.abort(request)
@@ -157,6 +159,7 @@ class AsyncEngine:
 
     def _finish(self, request: Request, now: float) -> None:
         self._sinks.pop(request.request_id, None)
+        self._live.pop(request.request_id, None)
         self._last_output.pop(request.request_id, None)
         self.metrics.observe_finished(request.finish_reason, len(request.prompt_target_ids), now - request.arrival)
         self._notify_finished(request)
@@ -170,12 +173,16 @@ class AsyncEngine:
             logger.exception("on_finished failed for request %d", request.request_id)
 
     def _fail_all(self, message: str) -> None:
-        for request in list(self.engine.scheduler.running.values()) + list(self.engine.scheduler.waiting):
+        """Every request with a stream still open: queued, running, or finished in the failed step unposted."""
+        scheduled = list(self.engine.scheduler.running.values()) + list(self.engine.scheduler.waiting)
+        for request in {id(r): r for r in scheduled + list(self._live.values())}.values():
             self._fail(request, message)
 
     def _fail(self, request: Request, message: str) -> None:
         """End the request (if still running) and its stream with the error, once."""
         self.engine.abort(request)
+        request.finish_reason = "abort"   # whatever the engine had decided, the client gets the error
+        self._live.pop(request.request_id, None)
         loop, sink = self._sinks.pop(request.request_id, (None, None))
         if sink is not None:
             failed = RequestDelta(request.request_id, "", [], "abort", len(request.prompt_target_ids),

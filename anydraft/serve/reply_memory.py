@@ -17,31 +17,28 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from ..request import Request
 
-# Ids before the reply that its check decodes with it: enough for a SentencePiece space or a UTF-8 sequence that
-# spans the prompt's end to decode as it does mid-text.
-CONTEXT_TOKENS = 4
-
-
 @dataclass
 class _Prompt:
+    add_special_tokens: bool   # how the text was encoded: a completion's prompt gets BOS, a chat's template has it
     text: str
     target_ids: list[int]
 
 
 class ReplyMemory:
-    """Text of (prompt + reply) -> its target ids. `watch` a request made from a text prompt; `remember` it when it
-    finishes (from the engine thread); `encode` a later prompt (from the server's)."""
+    """(how encoded, text of prompt + reply) -> its target ids. `watching` the requests of a call made from a text
+    prompt; `remember` each when it ends (from the engine thread); `encode` a later prompt (from the server's)."""
 
     def __init__(self, tokenizer, max_tokens: int):
         if max_tokens < 1:
             raise ValueError(f"a reply memory needs room for at least one token, got max_tokens={max_tokens}")
         self.tokenizer, self.max_tokens = tokenizer, max_tokens
-        self._entries: OrderedDict[str, array] = OrderedDict()   # least recently used first
+        self._token_bytes = tokenizer.token_table.token_bytes   # built here, not on the engine thread's first call
+        self._entries: OrderedDict[tuple[bool, str], array] = OrderedDict()   # least recently used first
         self._num_tokens = 0
         self._watched: dict[int, _Prompt] = {}
         self._lock = threading.Lock()
@@ -49,22 +46,30 @@ class ReplyMemory:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def encode(self, text: str, encode_whole: Callable[[str], list[int]]) -> tuple[list[int], int]:
+    def encode(self, text: str, add_special_tokens: bool) -> tuple[list[int], int]:
         """Target ids of a prompt, and how many of them are a remembered request's: its ids for the longest
         remembered text the prompt begins with, then the rest encoded as text continuing it."""
         with self._lock:
-            best = max((known for known in self._entries if text.startswith(known)), key=len, default=None)
-            if best is None:
-                return encode_whole(text), 0
-            self._entries.move_to_end(best)
-            known_ids = self._entries[best].tolist()
-        rest = text[len(best):]
+            best = max((key for key in self._entries if key[0] == add_special_tokens and text.startswith(key[1])),
+                       key=lambda key: len(key[1]), default=None)
+            if best is not None:
+                self._entries.move_to_end(best)
+                known_ids = self._entries[best].tolist()
+        if best is None:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens), 0
+        rest = text[len(best[1]):]
         return known_ids + (self.tokenizer.encode_continuation(rest) if rest else []), len(known_ids)
 
-    def watch(self, request: Request) -> None:
-        """Remember this request when it finishes (its prompt ids came from request.prompt's text)."""
+    async def watching(self, requests: list[Request], add_special_tokens: bool,
+                       deltas: AsyncIterator) -> AsyncIterator:
+        """The deltas of these requests, remembering each when it ends: watched when the stream starts, which is
+        when they are queued (a response never started queues nothing, and leaves nothing here)."""
         with self._lock:
-            self._watched[request.request_id] = _Prompt(request.prompt, list(request.prompt_target_ids))
+            for request in requests:
+                self._watched[request.request_id] = _Prompt(add_special_tokens, request.prompt,
+                                                            list(request.prompt_target_ids))
+        async for delta in deltas:
+            yield delta
 
     def remember(self, request: Request) -> None:
         """A request ended: keep its prompt and reply if it finished whole and its ids spell exactly that text."""
@@ -75,15 +80,17 @@ class ReplyMemory:
         reply_ids = list(request.output_target_ids)
         if reply_ids and isinstance(request.stop_reason, int) and reply_ids[-1] == request.stop_reason:
             reply_ids.pop()   # the stop token is not in the text; the template writes it after the reply
-        context = prompt.target_ids[-CONTEXT_TOKENS:]
-        # A stop string cuts the text short of the ids: such a reply's ids do not spell what the client got.
-        if self.tokenizer.decode(context + reply_ids) != self.tokenizer.decode(context) + request.text:
+        # The reply's bytes must be the text's: not so for a reply a stop string cut, one ending inside a UTF-8
+        # character (the text shows U+FFFD), or one holding a special token (the text leaves it out).
+        table = self._token_bytes
+        if any(i >= len(table) or table[i] is None for i in reply_ids) or \
+                b"".join(table[i] for i in reply_ids) != request.text.encode("utf-8", "surrogatepass"):
             return
         target_ids = array("l", prompt.target_ids + reply_ids)
         if len(target_ids) > self.max_tokens:
             return
         with self._lock:
-            key = prompt.text + request.text
+            key = (prompt.add_special_tokens, prompt.text + request.text)
             old = self._entries.pop(key, None)
             self._num_tokens += len(target_ids) - (len(old) if old is not None else 0)
             self._entries[key] = target_ids

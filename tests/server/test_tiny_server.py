@@ -219,11 +219,20 @@ def test_a_prompt_repeating_a_reply_reads_the_ids_the_model_generated(tiny_serve
     those are prefix-cache hits, and the answer is LLM.generate's on exactly those ids."""
     client = tiny_server.client()
     tokenizer = tokenizer_of(tiny_ckpts.qwen3_target)
-    prompt = " ".join(gsm8k_questions(1, start=430)[0].split()[:12])
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0,
+    # A reply is kept only where its ids spell its text's bytes (not one ending inside a character, which the text
+    # shows as U+FFFD); the case that matters is one whose text encoded afresh reads other ids. The first greedy
+    # reply of a few prompts and lengths that is both.
+    candidates = [(" ".join(q.split()[:12]), n) for q in gsm8k_questions(8, start=430) for n in (40, 24, 12)]
+    for prompt, max_tokens in candidates:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        generated = tiny_llm.generate([prompt], params)[0].outputs[0]
+        spells = b"".join(tokenizer.token_bytes(i) for i in generated.token_ids) == generated.text.encode()
+        if spells and tokenizer.encode(prompt + generated.text) != tokenizer.encode(prompt) + generated.token_ids:
+            break
+    else:
+        pytest.fail("no candidate reply spells its text in other ids than its encoding")
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
                                       extra_body={"ignore_eos": True}).choices[0].text
-    generated = tiny_llm.generate([prompt], params)[0].outputs[0]
     assert first == generated.text
     known_ids = tokenizer.encode(prompt) + list(generated.token_ids)
     follow = prompt + first + " So the answer is"
