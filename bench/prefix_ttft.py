@@ -52,7 +52,8 @@ async def first_token(stream_call) -> tuple[float, str]:
 
 async def shared_prefix(client, model: str, args, questions: list[str], repeat: int) -> list[float]:
     # One prefix per repeat (a repeat must not hit what the previous one cached), shared by its requests.
-    prefix = words(questions[repeat * 7:] + questions, int(args.prefix_tokens * 0.75))
+    start = repeat * 7 % len(questions)   # modulo: a repeat index past the questions must not reuse one prefix
+    prefix = words(questions[start:] + questions, int(args.prefix_tokens * 0.75))
     gate = asyncio.Semaphore(args.concurrency)
 
     async def one(i: int) -> float:
