@@ -68,8 +68,11 @@ class ReplyMemory:
             for request in requests:
                 self._watched[request.request_id] = _Prompt(add_special_tokens, request.prompt,
                                                             list(request.prompt_target_ids))
-        async for delta in deltas:
-            yield delta
+        try:
+            async for delta in deltas:
+                yield delta
+        finally:   # a client that leaves closes this generator: close the engine's stream now, which aborts
+            await deltas.aclose()
 
     def remember(self, request: Request) -> None:
         """A request ended: keep its prompt and reply if it finished whole and its ids spell exactly that text."""
