@@ -83,8 +83,7 @@ class ServerState:
             return
         self.tokenizer = llm.tokenizer
         if c.reuse_reply_ids and c.enable_prefix_caching:   # the ids only help where the cache holds their KV
-            self.replies = ReplyMemory(llm.tokenizer, llm.engine.target.cache.pool.usable_blocks
-                                       * llm.engine.target.cache.pool.block_size)
+            self.replies = ReplyMemory(llm.tokenizer, llm.engine.target.cache.num_tokens)
         engine = AsyncEngine(llm.engine, self.metrics, None if self.replies is None else self.replies.remember)
         engine.start()
         self.engine = engine
@@ -161,10 +160,11 @@ def create_app(config: ServeConfig, load_in_background: bool = True, on_load_err
     async def completions(body: CompletionRequest, raw: Request):
         engine = _checked(state, body)
         prompt, prompt_ids = body.prompt_input()
+        text_specials = None if prompt is None else True   # a completion's text gets what encode() adds (BOS)
         if prompt_ids is None:
-            prompt_ids = _encode(state, prompt, "prompt") if prompt else []
+            prompt_ids = _encode(state, prompt, "prompt", text_specials) if prompt else []
         return await _serve(state, engine, body, raw, prompt, prompt_ids, body.max_tokens, chat=False,
-                            from_text=prompt is not None)
+                            text_specials=text_specials)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
@@ -176,9 +176,10 @@ def create_app(config: ServeConfig, load_in_background: bool = True, on_load_err
             prompt = state.tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in body.messages])
         except (TokenizerError, TemplateError) as e:
             raise ApiError(400, f"the model's chat template cannot format these messages: {e}", "messages") from e
-        prompt_ids = _encode(state, prompt, "messages", add_special_tokens=False)
+        text_specials = False   # the template writes the specials itself
+        prompt_ids = _encode(state, prompt, "messages", text_specials)
         return await _serve(state, engine, body, raw, prompt, prompt_ids, body.requested_max_tokens, chat=True,
-                            from_text=True)
+                            text_specials=text_specials)
 
     return app
 
@@ -193,12 +194,12 @@ class _AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True).encode("ascii")
 
 
-def _encode(state: ServerState, text: str, field_name: str, **kwargs) -> list[int]:
+def _encode(state: ServerState, text: str, field_name: str, add_special_tokens: bool) -> list[int]:
     """The prompt's target ids: a finished request's generated ids for the text it repeats (the reply memory)."""
     try:
         if state.replies is None:
-            return state.tokenizer.encode(text, **kwargs)
-        prompt_ids, num_reused = state.replies.encode(text, kwargs.get("add_special_tokens", True))
+            return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        prompt_ids, num_reused = state.replies.encode(text, add_special_tokens)
         state.metrics.observe_reply_reuse(num_reused)
         return prompt_ids
     except ValueError as e:   # text the tokenizer refuses (a lone surrogate), should the models let one through
@@ -215,7 +216,8 @@ def _checked(state: ServerState, body) -> AsyncEngine:
 
 
 async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, prompt: str | None, prompt_ids: list[int],
-                 max_tokens: int | None, chat: bool, from_text: bool):
+                 max_tokens: int | None, chat: bool, text_specials: bool | None):
+    """text_specials: how the prompt's text was encoded (add_special_tokens), None for a prompt of token ids."""
     max_model_len = engine.max_model_len
     if prompt_ids and len(prompt_ids) < max_model_len:
         room = max_model_len - len(prompt_ids)
@@ -235,8 +237,8 @@ async def _serve(state: ServerState, engine: AsyncEngine, body, raw: Request, pr
     reply = _Reply(state.config.served_model_name, chat, {r.request_id: i for i, r in enumerate(requests)},
                    len(prompt_ids), state.tokenizer, bool(body.logprobs if chat else body.logprobs is not None), echo)
     deltas = engine.stream(requests)
-    if from_text and state.replies is not None:   # a chat's template holds its specials; a completion gets BOS
-        deltas = state.replies.watching(requests, not chat, deltas)
+    if text_specials is not None and state.replies is not None:
+        deltas = state.replies.watching(requests, text_specials, deltas)
     if body.stream:
         return StreamingResponse(reply.sse(deltas, body.include_usage), media_type="text/event-stream")
     return await reply.whole(deltas, raw)

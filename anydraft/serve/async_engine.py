@@ -57,8 +57,8 @@ class AsyncEngine:
         """on_finished(request): called on the engine thread when a request ends (finished, aborted or failed)."""
         self.engine, self.metrics, self.on_finished = engine, metrics, on_finished
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._sinks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}   # request_id -> its queue
-        self._live: dict[int, Request] = {}   # request_id -> request, from queued until its stream's last delta
+        # request_id -> (its loop, its queue, the request), from queued until its stream's last delta
+        self._sinks: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, Request]] = {}
         self._last_output: dict[int, float] = {}                                      # request_id -> time
         self._stopped = threading.Event()
         self._last_log = 0.0
@@ -130,8 +130,7 @@ class AsyncEngine:
             while True:
                 kind, request, sink = item
                 if kind == "add":
-                    self._sinks[request.request_id] = sink
-                    self._live[request.request_id] = request
+                    self._sinks[request.request_id] = (*sink, request)
                     self.engine.submit(request)
                 elif kind == "abort" and request.request_id in self._sinks:
                     self.engine.abort(request)
@@ -152,14 +151,13 @@ class AsyncEngine:
                              len(request.prompt_target_ids), len(request.output_target_ids),
                              spec_decode_summary(request) if request.finished else None, None, logprobs,
                              request.prompt_logprobs if first else None)
-        loop, sink = self._sinks[request.request_id]
+        loop, sink, _ = self._sinks[request.request_id]
         loop.call_soon_threadsafe(sink.put_nowait, delta)
         if request.finished:
             self._finish(request, now)
 
     def _finish(self, request: Request, now: float) -> None:
         self._sinks.pop(request.request_id, None)
-        self._live.pop(request.request_id, None)
         self._last_output.pop(request.request_id, None)
         self.metrics.observe_finished(request.finish_reason, len(request.prompt_target_ids), now - request.arrival)
         self._notify_finished(request)
@@ -175,15 +173,14 @@ class AsyncEngine:
     def _fail_all(self, message: str) -> None:
         """Every request with a stream still open: queued, running, or finished in the failed step unposted."""
         scheduled = list(self.engine.scheduler.running.values()) + list(self.engine.scheduler.waiting)
-        for request in {id(r): r for r in scheduled + list(self._live.values())}.values():
+        for request in {id(r): r for r in scheduled + [r for _, _, r in self._sinks.values()]}.values():
             self._fail(request, message)
 
     def _fail(self, request: Request, message: str) -> None:
         """End the request (if still running) and its stream with the error, once."""
         self.engine.abort(request)
         request.finish_reason = "abort"   # whatever the engine had decided, the client gets the error
-        self._live.pop(request.request_id, None)
-        loop, sink = self._sinks.pop(request.request_id, (None, None))
+        loop, sink, _ = self._sinks.pop(request.request_id, (None, None, None))
         if sink is not None:
             failed = RequestDelta(request.request_id, "", [], "abort", len(request.prompt_target_ids),
                                   len(request.output_target_ids), None, message)

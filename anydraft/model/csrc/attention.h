@@ -59,6 +59,16 @@ inline void add_values(const float* weights, const uint16_t* values, const int64
   for (int i = 0; i < P; ++i) store16(out + i * LANES, round_bf16x16(mul16(acc[i], inv_total)));
 }
 
+// The keys of the 16-key group after the one at j0, one line per 32 values, while this one is scored.
+inline void prefetch_next_group(const uint16_t* keys, const int64_t* blocks, int64_t block_size, int64_t block_stride,
+                                int64_t pos_stride, int64_t j0, int64_t num_keys, int64_t D) {
+  if (j0 + 16 >= num_keys) return;
+  const uint16_t* next = keys + key_offset(blocks, j0 + 16, block_size, block_stride, pos_stride);
+  for (int64_t j = 0; j < 16 && j0 + 16 + j < num_keys; ++j)
+    for (int64_t d = 0; d < D; d += 2 * LANES)
+      _mm_prefetch(reinterpret_cast<const char*>(next + j * pos_stride + d), _MM_HINT_T0);
+}
+
 inline void weigh_values(const uint16_t* values, const int64_t* blocks, int64_t block_size, int64_t block_stride,
                          int64_t pos_stride, int64_t num_keys, int64_t D, f32x16 top, float* scores, float* out);
 
@@ -73,12 +83,7 @@ inline void attend_query(const float* q, const uint16_t* keys, const uint16_t* v
     const uint16_t* group = keys + key_offset(blocks, j0, block_size, block_stride, pos_stride);
     f32x16 acc[16];
     for (int j = 0; j < 16; ++j) acc[j] = zero16();
-    if (j0 + 16 < num_keys) {   // the next group's keys, one line per 32 values
-      const uint16_t* next = keys + key_offset(blocks, j0 + 16, block_size, block_stride, pos_stride);
-      for (int64_t j = 0; j < n && j0 + 16 + j < num_keys; ++j)
-        for (int64_t d = 0; d < D; d += 2 * LANES)
-          _mm_prefetch(reinterpret_cast<const char*>(next + j * pos_stride + d), _MM_HINT_T0);
-    }
+    prefetch_next_group(keys, blocks, block_size, block_stride, pos_stride, j0, num_keys, D);
     for (int64_t d = 0; d < D; d += LANES) {
       const f32x16 qd = load16(q + d);
       for (int64_t j = 0; j < n; ++j)
@@ -143,12 +148,7 @@ inline void attend_queries(const float* const* q, const uint16_t* keys, const ui
   for (int64_t j0 = 0; j0 < num_keys; j0 += 16) {
     const int64_t n = std::min<int64_t>(16, num_keys - j0);
     const uint16_t* group = keys + key_offset(blocks, j0, block_size, block_stride, pos_stride);
-    if (j0 + 16 < num_keys) {
-      const uint16_t* next = keys + key_offset(blocks, j0 + 16, block_size, block_stride, pos_stride);
-      for (int64_t j = 0; j < n && j0 + 16 + j < num_keys; ++j)
-        for (int64_t d = 0; d < D; d += 2 * LANES)
-          _mm_prefetch(reinterpret_cast<const char*>(next + j * pos_stride + d), _MM_HINT_T0);
-    }
+    prefetch_next_group(keys, blocks, block_size, block_stride, pos_stride, j0, num_keys, D);
     int64_t j = 0;
     for (; j + J <= n; j += J) key_steps<G, J>(q, group + j * pos_stride, pos_stride, D, acc, j);
     for (; j < n; ++j) key_steps<G, 1>(q, group + j * pos_stride, pos_stride, D, acc, j);
